@@ -1,0 +1,34 @@
+# Two set-up commands: `make demo` (main job on a built-in default) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+export ADVISOR_DATA_DIR ?= $(CURDIR)/.data
+
+.PHONY: demo test install bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build. Bring your own CUDA build
+# with `make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"`.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/advisor estimate --workload gpt2-small --hardware h100-sxm --batch-size 8 --precision bf16
+	$(BIN)/advisor estimate --workload mlp --hardware cpu --batch-size 256
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python bench/estimate_accuracy.py
+
+clean:
+	rm -rf $(VENV) .data .pytest_cache

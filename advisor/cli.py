@@ -1,0 +1,168 @@
+"""The `advisor` command line. Parses input, calls the service functions, prints tables or JSON.
+
+User mistakes print one line (what was wrong, what is allowed) and exit 2; nothing heavy is
+imported until a subcommand needs it, so `advisor --help` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from advisor.config import OptimizerKind, Precision, Strategy, choices
+from advisor.errors import AdvisorError, SpecError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage + message)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _enum(enum_cls):
+    def parse(value: str):
+        try:
+            return enum_cls(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not allowed; choose from {choices(enum_cls)}") from None
+
+    parse.__name__ = enum_cls.__name__.lower()
+    return parse
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer; give a positive whole number") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{n} is not positive; give a positive whole number")
+    return n
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", "-w", required=True, help="preset name (e.g. gpt2-small), path/to/file.py:build or pkg.module:build")
+    p.add_argument("--workload-arg", "-a", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for the workload's build (JSON where it parses); repeatable")
+    p.add_argument("--hardware", "-H", default="local", help="catalog name[:devices[xnodes]] (e.g. h100-sxm:8), 'cpu' or 'local'")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="advisor", description="Estimate, measure and tune PyTorch training configurations.")
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default) or ERROR")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    est = sub.add_parser("estimate", help="per-device memory, fit and largest batch, without touching the device")
+    _add_workload_args(est)
+    est.add_argument("--batch-size", "-b", type=_positive_int, help="micro-batch per device (default: the workload's)")
+    est.add_argument("--seq-len", type=_positive_int, help="sequence length, for workloads that take seq_len")
+    est.add_argument("--precision", "-p", type=_enum(Precision), default=Precision.fp32, help=f"one of {choices(Precision)}")
+    est.add_argument("--optimizer", "-o", type=_enum(OptimizerKind), default=OptimizerKind.adamw, help=f"one of {choices(OptimizerKind)}")
+    est.add_argument("--strategy", "-s", type=_enum(Strategy), default=Strategy.single, help=f"one of {choices(Strategy)}")
+    est.add_argument("--optimizer-impl", choices=["for-loop", "foreach", "fused"], default=None)
+    est.add_argument("--checkpointing", action="store_true", help="activation checkpointing of the repeated blocks")
+    est.add_argument("--fused-backward", action="store_true", help="optimizer step fused into backward")
+    est.add_argument("--offload-optimizer", action="store_true", help="optimizer state and step on the host")
+    est.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameters on the host")
+    est.add_argument("--method", choices=["auto", "traced", "analytic"], default="auto")
+    est.add_argument("--no-calibrate", action="store_true", help="no short real run on this CPU")
+    est.add_argument("--margin", type=float, default=None, help="fraction of device memory kept free (default 0.05)")
+    est.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    sub.add_parser("workloads", help="list the built-in workload presets")
+    hw = sub.add_parser("hardware", help="list the hardware catalog")
+    hw.add_argument("--json", action="store_true")
+    probe = sub.add_parser("probe", help="describe this machine: GPUs (NVML), CPUs, NUMA nodes, memory")
+    probe.add_argument("--json", action="store_true")
+    return parser
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from advisor.estimate import estimate_memory
+    from advisor.render import estimate_table
+    from advisor.workload import parse_workload_args
+
+    wargs = parse_workload_args(args.workload_arg)
+    if args.seq_len:
+        wargs["seq_len"] = args.seq_len
+    if args.margin is not None and not 0 <= args.margin < 1:
+        raise SpecError(f"--margin {args.margin} is not allowed; give a fraction in [0, 1)")
+    est = estimate_memory(args.workload, args.hardware, args.batch_size, precision=args.precision,
+                          optimizer=args.optimizer, strategy=args.strategy, checkpointing=args.checkpointing,
+                          fused_backward=args.fused_backward, offload_optimizer=args.offload_optimizer,
+                          offload_params=args.offload_params, optimizer_impl=args.optimizer_impl,
+                          workload_args=wargs, calibrate=False if args.no_calibrate else None,
+                          margin=args.margin, method=args.method)
+    if args.json:
+        print(est.model_dump_json(indent=2))
+    else:
+        estimate_table(est)
+    return 0
+
+
+def _cmd_workloads(args: argparse.Namespace) -> int:
+    from advisor.presets import PRESETS
+
+    for name in sorted(PRESETS):
+        print(name)
+    return 0
+
+
+def _cmd_hardware(args: argparse.Namespace) -> int:
+    from advisor.hardware import CATALOG
+    from advisor.render import hardware_table
+
+    if args.json:
+        print(json.dumps({k: v.model_dump() for k, v in CATALOG.items()}, indent=2))
+    else:
+        hardware_table(CATALOG)
+    return 0
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from advisor.hardware import probe_local
+    from advisor.hardware.probe import format_topology
+
+    probe = probe_local()
+    if args.json:
+        print(probe.model_dump_json(indent=2))
+        return 0
+    if probe.note:
+        print(probe.note)
+    print(json.dumps(probe.model_dump(exclude={"gpus", "topology"}), indent=2, default=str))
+    for gpu in probe.gpus:
+        print(gpu)
+    if probe.gpus:
+        print(format_topology(probe))
+    return 0
+
+
+COMMANDS = {"estimate": _cmd_estimate, "workloads": _cmd_workloads, "hardware": _cmd_hardware, "probe": _cmd_probe}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    from advisor.log import setup_logging
+    from advisor.settings import get_settings
+
+    setup_logging(args.log_level or get_settings().log_level)
+    try:
+        return COMMANDS[args.command](args)
+    except AdvisorError as exc:
+        print(f"advisor {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("advisor: interrupted", file=sys.stderr)
+        return 130
+
+
+def _json_default(obj: Any) -> Any:
+    return str(obj)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""estimate_memory: workload + hardware + configuration -> MemoryEstimate (per device)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.errors import EstimateError, SpecError
+from advisor.estimate.batchmodel import BatchModel
+from advisor.estimate.model import Breakdown, EstimateRequest, MemoryEstimate
+from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
+from advisor.estimate.roofline import step_time
+from advisor.estimate.strategy import peak_breakdown, scaled_curve
+from advisor.estimate.trace import Trace, trace_training
+from advisor.hardware.spec import HardwareSpec
+from advisor.workload import Workload
+
+log = logging.getLogger(__name__)
+MAX_BATCH_LIMIT = 1 << 22  # samples: the search stops here
+
+
+def _resolve(workload: Workload | str, hardware: HardwareSpec | str, workload_args: dict[str, Any] | None):
+    from advisor.hardware import get_hardware
+    from advisor.workload import load_workload
+
+    wl = load_workload(workload, workload_args) if isinstance(workload, str) else workload
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    return wl, hw
+
+
+class _Evaluator:
+    """Totals for one (workload, hardware, request) at any batch size."""
+
+    def __init__(self, hw: HardwareSpec, req: EstimateRequest, bm: BatchModel, calib: CpuCalibration | None):
+        self.hw, self.req, self.bm, self.calib = hw, req, bm, calib
+
+    def at(self, b: int, strategy: Strategy | None = None) -> tuple[Trace, int, dict[str, int], Overhead]:
+        req = self.req if strategy is None else self.req.model_copy(update={"strategy": strategy})
+        tr = self.bm.at(b)
+        allocated, parts = peak_breakdown(scaled_curve(req, tr, self.hw.world_size))
+        if self.hw.device_type == "cpu":
+            ov = cpu_overhead(tr, allocated, b, self.calib)
+        else:
+            ov = cuda_overhead(tr, allocated)
+        return tr, allocated, parts, ov
+
+    def device_bytes(self, b: int, strategy: Strategy | None = None) -> int:
+        _, _, _, ov = self.at(b, strategy)
+        return ov.total + ov.runtime
+
+    def max_batch(self, usable: int, strategy: Strategy | None = None) -> int:
+        if self.device_bytes(1, strategy) > usable:
+            return 0
+        lo, hi = 1, 2
+        while hi < MAX_BATCH_LIMIT and self.device_bytes(hi, strategy) <= usable:
+            lo, hi = hi, hi * 2
+        if hi >= MAX_BATCH_LIMIT:
+            return lo
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.device_bytes(mid, strategy) <= usable:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+def _strategies(hw: HardwareSpec) -> list[Strategy]:
+    return [Strategy.single] if hw.world_size == 1 else list(Strategy)
+
+
+def _batch_model(wl: Workload, req: EstimateRequest) -> BatchModel:
+    kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
+              fused_backward=req.fused_backward, optimizer_impl=req.optimizer_impl)
+
+    def retrace(b: int) -> Trace:
+        return trace_training(wl, b, **kw)
+
+    a = req.batch_size
+    c = a * 2 if a < 4 else a // 2
+    lo, hi = sorted((a, c))
+    return BatchModel(a=lo, trace_a=retrace(lo), c=hi, trace_c=retrace(hi), retrace=retrace)
+
+
+def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batch_size: int | None = None, *,
+                    precision: Precision | str = Precision.fp32, optimizer: OptimizerKind | str = OptimizerKind.adamw,
+                    strategy: Strategy | str = Strategy.single, checkpointing: bool = False, fused_backward: bool = False,
+                    offload_optimizer: bool = False, offload_params: bool = False, optimizer_impl: str | None = None,
+                    workload_args: dict[str, Any] | None = None, calibrate: bool | None = None,
+                    margin: float | None = None, method: str = "auto") -> MemoryEstimate:
+    """Predict per-device peak memory of a training step, whether it fits, and the largest batch.
+
+    `method`: 'traced' (fake-tensor trace), 'analytic' (decoder formulas), or 'auto' (analytic
+    for decoders above settings.trace_param_limit parameters, else traced). `calibrate`: allow
+    a short real run at small batches when the target is this machine's CPU (default: settings).
+    """
+    from advisor.settings import get_settings
+
+    t0 = time.perf_counter()
+    settings = get_settings()
+    wl, hw = _resolve(workload, hardware, workload_args)
+    batch = batch_size or wl.default_batch_size
+    if batch <= 0:
+        raise SpecError(f"batch size must be a positive integer, got {batch}")
+    try:
+        req = EstimateRequest(batch_size=batch, precision=Precision(precision), optimizer=OptimizerKind(optimizer),
+                              strategy=Strategy(strategy), checkpointing=checkpointing, fused_backward=fused_backward,
+                              offload_optimizer=offload_optimizer, offload_params=offload_params,
+                              optimizer_impl=optimizer_impl)
+    except ValueError as exc:
+        raise SpecError(str(exc).splitlines()[-1] if "validation error" in str(exc) else str(exc)) from exc
+    if req.strategy != Strategy.single and hw.world_size < 2:
+        raise SpecError(f"strategy {req.strategy.value} needs 2+ devices; give e.g. --hardware {hw.accelerator.name}:8")
+    notes: list[str] = []
+    margin = settings.memory_margin if margin is None else margin
+    usable = int(hw.memory_per_device_bytes * (1 - margin))
+
+    if method == "analytic" or (method == "auto" and wl.decoder is not None and _decoder_params(wl) > settings.trace_param_limit):
+        from advisor.estimate.analytic import analytic_trace
+
+        bm = BatchModel(a=batch, trace_a=analytic_trace(wl, batch, req), retrace=lambda b: analytic_trace(wl, b, req))
+        used = "analytic"
+        notes.append("analytic: per-layer decoder formulas (Korthikanti et al. 2022); model too large to trace quickly")
+    else:
+        try:
+            bm = _batch_model(wl, req)
+            used = "traced"
+        except EstimateError as exc:
+            if hw.device_type != "cpu" or not hw.is_local:
+                raise EstimateError(f"{exc}; and the target is not this machine's CPU, so no real step can stand in") from exc
+            from advisor.estimate.calibrate import measured_batch_model
+
+            notes.append(f"{exc}; fell back to real steps at small batch sizes on this CPU")
+            bm = measured_batch_model(wl.name, workload, workload_args, req)
+            used = "measured"
+
+    calib = None
+    do_cal = settings.calibrate if calibrate is None else calibrate
+    if hw.device_type == "cpu" and hw.is_local and do_cal and isinstance(workload, str) and used != "analytic":
+        from advisor.estimate.calibrate import calibrate_cpu
+
+        calib = calibrate_cpu(workload, workload_args or {}, req, bm)
+        notes.append(f"calibrated on this CPU with real steps at batch {calib.batches}: runtime overhead {calib.intercept / 2**20:.0f} MiB + {calib.per_sample / 2**20:.2f} MiB/sample")
+
+    ev = _Evaluator(hw, req, bm, calib)
+    tr, allocated, parts, ov = ev.at(batch)
+    total = ov.total
+    parts["overhead"] = total - sum(parts.values())
+    if parts["overhead"] < 0:
+        parts["temporaries"] += parts["overhead"]
+        parts["overhead"] = 0
+    fits = total + ov.runtime <= usable
+    by_strategy = {s.value: ev.max_batch(usable, s) for s in _strategies(hw)}
+    step_s = samples_s = None
+    moved = tr.param_bytes * 3 + tr.opt_state_bytes * 2 + parts["activations"] * 2
+    try:
+        step_s = step_time(hw, req.precision, tr.flops_per_step, moved)
+        samples_s = batch * hw.world_size / step_s if step_s > 0 else None
+    except ValueError as exc:
+        notes.append(f"no roofline: {exc}")
+    predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
+    return MemoryEstimate(
+        workload=wl.name, hardware=hw.accelerator.name, request=req, world_size=hw.world_size, predicts=predicts,
+        total_bytes=total, allocated_bytes=ov.allocated, breakdown=Breakdown(**parts), runtime_bytes=ov.runtime,
+        device_memory_bytes=hw.memory_per_device_bytes, usable_bytes=usable, fits=fits,
+        max_batch_size=by_strategy.get(req.strategy.value, ev.max_batch(usable)), max_batch_by_strategy=by_strategy,
+        method=used, calibrated=calib is not None, num_params=tr.num_params, flops_per_step=tr.flops_per_step,
+        predicted_step_s=step_s, predicted_samples_per_s=samples_s, notes=notes, seconds=time.perf_counter() - t0)
+
+
+def _decoder_params(wl: Workload) -> int:
+    from advisor.estimate.analytic import decoder_param_count
+
+    return decoder_param_count(wl.decoder)

@@ -1,0 +1,282 @@
+"""The hardware catalog: vendor peak figures for the accelerators the advisor can plan for.
+
+Conventions, the same for every entry:
+
+- `memory_bytes`: vendors write "80GB" for HBM/GDDR capacity in the JEDEC sense, where a GB of
+  DRAM is 2**30 bytes (the stacks and chips are binary-sized), so "80GB" is stored as 80 GiB.
+  The runtime reports a little less (ECC, driver reservations): an H100 SXM 80GB reports
+  85,520,809,984 bytes (79.65 GiB) from `torch.cuda.get_device_properties().total_memory`,
+  against 85,899,345,920 (80 GiB) here. `get_hardware("local")` substitutes the probed figure.
+- `peak_tflops`: dense peaks (no 2:4 structured sparsity). NVIDIA datasheets print tensor-core
+  figures with sparsity (marked "*"); the dense figure is half of it. `fp32` is the non-tensor
+  (CUDA core / vector) peak, the one plain fp32 matmuls get with TF32 off. `fp16` is the
+  tensor-core peak with fp32 accumulate, which is what autocast matmuls use; GeForce cards run
+  fp32 accumulate at half their fp16-accumulate rate. A dtype the device has no fast path for
+  is left out and its `supports_*` flag is False.
+- `memory_bandwidth_gbps`, `interconnect_gbps`: GB/s = 1e9 bytes/s as vendors print them;
+  interconnect figures are per device, bidirectional (both directions summed).
+"""
+
+from __future__ import annotations
+
+import re
+
+from advisor.hardware.spec import Accelerator
+
+GiB = 2**30  # bytes; see the module docstring for why vendor "GB" capacities are binary
+
+# Interconnect figures shared by many entries (per device, bidirectional GB/s).
+PCIE3_X16_GBPS = 32.0  # PCIe Gen3 x16, as printed in the T4 datasheet
+PCIE4_X16_GBPS = 64.0  # PCIe Gen4 x16, as printed in the A100/A10/L4/L40S datasheets
+PCIE5_X16_GBPS = 128.0  # PCIe Gen5 x16, as printed in the H100/H200 datasheets
+
+
+def _nvidia(name: str, **fields: object) -> Accelerator:
+    return Accelerator(name=name, vendor="nvidia", **fields)
+
+
+_ENTRIES: list[Accelerator] = [
+    # NVIDIA A100 Tensor Core GPU datasheet (2021, r4), SXM4 column: FP32 19.5 TF;
+    # TF32 156 | 312* TF; BF16 312 | 624*; FP16 312 | 624* (* = with sparsity).
+    # A100 40GB SXM: 40GB HBM2, 1,555 GB/s; NVLink 3rd gen 600 GB/s.
+    _nvidia(
+        "a100-40gb",
+        memory_bytes=40 * GiB,
+        peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        memory_bandwidth_gbps=1555.0,
+        interconnect="nvlink3",
+        interconnect_gbps=600.0,
+        supports_tf32=True,
+    ),
+    # NVIDIA A100 Tensor Core GPU datasheet (2021, r4), A100 80GB SXM: 80GB HBM2e, 2,039 GB/s;
+    # same compute as the 40GB part; NVLink 3rd gen 600 GB/s.
+    _nvidia(
+        "a100-80gb",
+        memory_bytes=80 * GiB,
+        peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        memory_bandwidth_gbps=2039.0,
+        interconnect="nvlink3",
+        interconnect_gbps=600.0,
+        supports_tf32=True,
+    ),
+    # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM column: FP32 67 TF; TF32 989*;
+    # BF16 1,979*; FP16 1,979* (* = with sparsity; dense = half: 494.5 / 989.5). 80GB HBM3,
+    # 3.35 TB/s; NVLink 4th gen 900 GB/s. CUDA reports 85,520,809,984 bytes of the 80 GiB.
+    _nvidia(
+        "h100-sxm",
+        memory_bytes=80 * GiB,
+        peak_tflops={"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        memory_bandwidth_gbps=3350.0,
+        interconnect="nvlink4",
+        interconnect_gbps=900.0,
+        supports_tf32=True,
+    ),
+    # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 PCIe column: FP32 51 TF; TF32 756*;
+    # BF16 1,513*; FP16 1,513* (dense = half: 378 / 756.5). 80GB HBM2e, 2 TB/s; PCIe Gen5
+    # 128 GB/s (an optional NVLink bridge joins pairs at 600 GB/s; not assumed here).
+    _nvidia(
+        "h100-pcie",
+        memory_bytes=80 * GiB,
+        peak_tflops={"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
+        memory_bandwidth_gbps=2000.0,
+        interconnect="pcie5",
+        interconnect_gbps=PCIE5_X16_GBPS,
+        supports_tf32=True,
+    ),
+    # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM column: FP32 67 TF; TF32 989*;
+    # BF16 1,979*; FP16 1,979* (dense = half, same die as H100 SXM). 141GB HBM3e, 4.8 TB/s;
+    # NVLink 900 GB/s. (nvidia-smi shows 143,771 MiB, about 140.4 GiB.)
+    _nvidia(
+        "h200",
+        memory_bytes=141 * GiB,
+        peak_tflops={"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        memory_bandwidth_gbps=4800.0,
+        interconnect="nvlink4",
+        interconnect_gbps=900.0,
+        supports_tf32=True,
+    ),
+    # NVIDIA HGX B200 specifications (nvidia.com HGX platform page, 2024), per GPU: FP32 75 TF;
+    # TF32 2.2 PF*; FP16/BF16 4.5 PF* (* = with sparsity; dense = half: 1,100 / 2,250).
+    # 180GB HBM3e; 8 TB/s (NVIDIA DGX B200 datasheet 2024: 64 TB/s for 8 GPUs; a later HGX
+    # table prints 7.7 TB/s). NVLink 5th gen 1.8 TB/s. The die has 192GB; B200 boards expose 180.
+    _nvidia(
+        "b200",
+        memory_bytes=180 * GiB,
+        peak_tflops={"fp32": 75.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0},
+        memory_bandwidth_gbps=8000.0,
+        interconnect="nvlink5",
+        interconnect_gbps=1800.0,
+        supports_tf32=True,
+    ),
+    # NVIDIA L4 Tensor Core GPU datasheet (2023): FP32 30.3 TF; TF32 120*; BF16 242*; FP16 242*
+    # (* = with sparsity; dense = half: 60 / 121). 24GB GDDR6, 300 GB/s; PCIe Gen4 x16 64 GB/s.
+    _nvidia(
+        "l4",
+        memory_bytes=24 * GiB,
+        peak_tflops={"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+        memory_bandwidth_gbps=300.0,
+        interconnect="pcie4",
+        interconnect_gbps=PCIE4_X16_GBPS,
+        supports_tf32=True,
+    ),
+    # NVIDIA L40S GPU datasheet (2023): FP32 91.6 TF; TF32 183 | 366*; BF16 362.05 | 733*;
+    # FP16 362.05 | 733*. 48GB GDDR6 with ECC, 864 GB/s; PCIe Gen4 x16 64 GB/s, no NVLink.
+    _nvidia(
+        "l40s",
+        memory_bytes=48 * GiB,
+        peak_tflops={"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
+        memory_bandwidth_gbps=864.0,
+        interconnect="pcie4",
+        interconnect_gbps=PCIE4_X16_GBPS,
+        supports_tf32=True,
+    ),
+    # A10G is an AWS-only part (EC2 G5); NVIDIA publishes no datasheet for it. Figures as AWS
+    # and NVIDIA state them for G5 (24GB GDDR6, 600 GB/s, FP32 35 TF) with tensor rates at the
+    # GA102 fp32-accumulate rate: TF32 35, BF16/FP16 70 dense -- half the A10's (NVIDIA A10
+    # Tensor Core GPU datasheet, 2021: TF32 62.5, BF16/FP16 125). Least certain entry here.
+    _nvidia(
+        "a10g",
+        memory_bytes=24 * GiB,
+        peak_tflops={"fp32": 35.0, "tf32": 35.0, "bf16": 70.0, "fp16": 70.0},
+        memory_bandwidth_gbps=600.0,
+        interconnect="pcie4",
+        interconnect_gbps=PCIE4_X16_GBPS,
+        supports_tf32=True,
+    ),
+    # NVIDIA T4 Tensor Core GPU datasheet (2019): FP32 8.1 TF; mixed precision (FP16/FP32)
+    # 65 TF. 16GB GDDR6, 320 GB/s; PCIe Gen3 x16 32 GB/s. Turing: no BF16, no TF32.
+    _nvidia(
+        "t4",
+        memory_bytes=16 * GiB,
+        peak_tflops={"fp32": 8.1, "fp16": 65.0},
+        memory_bandwidth_gbps=320.0,
+        interconnect="pcie3",
+        interconnect_gbps=PCIE3_X16_GBPS,
+        supports_bf16=False,
+    ),
+    # NVIDIA V100 Tensor Core GPU datasheet (2020), V100 SXM2 column: FP32 15.7 TF; Tensor
+    # (FP16 in, FP32 accumulate) 125 TF. 32GB HBM2, 900 GB/s; NVLink 2nd gen 300 GB/s.
+    # Volta: no BF16, no TF32.
+    _nvidia(
+        "v100",
+        memory_bytes=32 * GiB,
+        peak_tflops={"fp32": 15.7, "fp16": 125.0},
+        memory_bandwidth_gbps=900.0,
+        interconnect="nvlink2",
+        interconnect_gbps=300.0,
+        supports_bf16=False,
+    ),
+    # Same datasheet, the 16GB V100 SXM2: identical compute and bandwidth, 16GB HBM2.
+    _nvidia(
+        "v100-16gb",
+        memory_bytes=16 * GiB,
+        peak_tflops={"fp32": 15.7, "fp16": 125.0},
+        memory_bandwidth_gbps=900.0,
+        interconnect="nvlink2",
+        interconnect_gbps=300.0,
+        supports_bf16=False,
+    ),
+    # NVIDIA Ada GPU Architecture whitepaper (v1.01, 2022/2023), Appendix, GeForce RTX 4090:
+    # FP32 82.6 TF; TF32 tensor 82.6 | 165.2*; BF16 (FP32 accumulate) 165.2 | 330.4*; FP16 with
+    # FP32 accumulate 165.2 | 330.4* (330.3 with FP16 accumulate, which autocast does not use).
+    # 24GB GDDR6X, 1,008 GB/s; PCIe Gen4 x16, no NVLink.
+    _nvidia(
+        "rtx-4090",
+        memory_bytes=24 * GiB,
+        peak_tflops={"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2},
+        memory_bandwidth_gbps=1008.0,
+        interconnect="pcie4",
+        interconnect_gbps=PCIE4_X16_GBPS,
+        supports_tf32=True,
+    ),
+    # NVIDIA Ampere GA102 GPU Architecture whitepaper (v2.1, 2021), Appendix, GeForce RTX 3090:
+    # FP32 35.6 TF; TF32 35.6 | 71*; BF16 (FP32 accumulate) 71 | 142*; FP16 with FP32
+    # accumulate 71 | 142* (142 with FP16 accumulate). 24GB GDDR6X, 936 GB/s. PCIe Gen4 x16;
+    # an optional NVLink bridge joins two cards at 112.5 GB/s, not assumed here.
+    _nvidia(
+        "rtx-3090",
+        memory_bytes=24 * GiB,
+        peak_tflops={"fp32": 35.6, "tf32": 35.6, "bf16": 71.0, "fp16": 71.0},
+        memory_bandwidth_gbps=936.0,
+        interconnect="pcie4",
+        interconnect_gbps=PCIE4_X16_GBPS,
+        supports_tf32=True,
+    ),
+    # AMD Instinct MI300X Accelerator data sheet (2023): FP32 vector/matrix 163.4 TF; TF32
+    # 653.7 TF; FP16 1,307.4 TF; BF16 1,307.4 TF (dense; the sheet lists sparsity separately:
+    # 1,307.4 / 2,614.9). 192GB HBM3, 5.3 TB/s. 7 Infinity Fabric links x 128 GB/s = 896 GB/s.
+    # PyTorch on ROCm uses TF32 only when opted in; the flag states the hardware capability.
+    Accelerator(
+        name="mi300x",
+        vendor="amd",
+        memory_bytes=192 * GiB,
+        peak_tflops={"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4},
+        memory_bandwidth_gbps=5300.0,
+        interconnect="infinity-fabric",
+        interconnect_gbps=896.0,
+        supports_tf32=True,
+    ),
+    # A generic host CPU, no datasheet: nominal figures for a 16-core AVX2 server socket
+    # (16 cores x 2.0 GHz x 32 fp32 FLOP/cycle = 1.0 TF; dual-channel DDR4-3200 = 51.2 GB/s),
+    # and 64 GiB of host memory as its "device memory". `get_hardware("cpu")` and
+    # `get_hardware("local")` replace the memory with this machine's /proc/meminfo figure.
+    # bf16 runs (autocast on CPU) but gains nothing without AMX/AVX512-BF16, so its peak equals
+    # fp32; fp16 autocast on CPU is not a supported training path.
+    Accelerator(
+        name="cpu",
+        vendor="cpu",
+        memory_bytes=64 * GiB,
+        peak_tflops={"fp32": 1.0, "bf16": 1.0},
+        memory_bandwidth_gbps=51.2,
+        interconnect="none",
+        interconnect_gbps=0.0,
+        supports_bf16=True,
+        supports_fp16=False,
+    ),
+    # Synthetic, for tests (STYLE: every registry has a `tiny` entry): a 1 GiB GPU that small
+    # workloads overflow quickly. Not a real device; never chosen by the local probe.
+    _nvidia(
+        "tiny",
+        memory_bytes=1 * GiB,
+        peak_tflops={"fp32": 1.0, "tf32": 2.0, "bf16": 4.0, "fp16": 4.0},
+        memory_bandwidth_gbps=100.0,
+        interconnect="pcie4",
+        interconnect_gbps=PCIE4_X16_GBPS,
+        supports_tf32=True,
+    ),
+]
+
+CATALOG: dict[str, Accelerator] = {entry.name: entry for entry in _ENTRIES}
+
+# NVML/CUDA product names -> catalog keys, first match wins (searched in the lower-cased name).
+# Variants without an entry of their own map to the closest one; `get_hardware("local")`
+# substitutes the probed memory, so only the peak figures are borrowed.
+_GPU_NAME_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(pattern), key)
+    for pattern, key in [
+        (r"\bh100\b.*\b(pcie|nvl)\b", "h100-pcie"),  # "NVIDIA H100 PCIe", "NVIDIA H100 NVL" (PCIe card)
+        (r"\bh100\b", "h100-sxm"),  # "NVIDIA H100 80GB HBM3" is the SXM5 part
+        (r"\bg?h200\b", "h200"),  # "NVIDIA H200", GH200's Hopper GPU
+        (r"\bb200\b", "b200"),
+        (r"\ba100\b.*\b80gb\b", "a100-80gb"),  # "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"
+        (r"\ba100\b", "a100-40gb"),  # "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"
+        (r"\bl40s?\b", "l40s"),
+        (r"\bl4\b", "l4"),
+        (r"\ba10g?\b", "a10g"),  # the A10 has the A10G's memory system and more tensor throughput
+        (r"\bt4\b", "t4"),
+        (r"\bv100s?\b.*\b16gb\b", "v100-16gb"),
+        (r"\bv100s?\b", "v100"),  # "Tesla V100-SXM2-32GB"
+        (r"\brtx 4090\b", "rtx-4090"),
+        (r"\brtx 3090\b", "rtx-3090"),  # and the 3090 Ti
+        (r"\bmi300x\b", "mi300x"),
+    ]
+]
+
+
+def catalog_key_for_gpu(name: str) -> str | None:
+    """The catalog key for a GPU product name as NVML reports it, or None if none fits."""
+    lowered = name.lower()
+    for pattern, key in _GPU_NAME_RULES:
+        if pattern.search(lowered):
+            return key
+    return None

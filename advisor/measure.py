@@ -1,0 +1,117 @@
+"""Real CPU memory measurement of a few training steps, in a fresh process (DESIGN.md's protocol).
+
+`rss` mode: the peak resident set (ru_maxrss) over the resident set just before build_model(),
+after the optimizer has stepped `steps` >= 2 times. `alloc` mode: the exact peak of live tensor
+bytes, from the profiler's [memory] events replayed in order. The two are separate runs because
+the profiler's own buffers would inflate the resident set.
+
+Run as `python -m advisor.measure '<json request>'`; prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.config import OptimizerKind, Precision
+from advisor.errors import TrialError
+
+
+class MeasureRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workload: str
+    workload_args: dict[str, Any] = Field(default_factory=dict)
+    batch_size: int = Field(gt=0)
+    precision: Precision = Precision.fp32
+    optimizer: OptimizerKind = OptimizerKind.adamw
+    checkpointing: bool = False
+    fused_backward: bool = False
+    steps: int = Field(default=3, ge=2)
+    mode: str = Field(default="rss", pattern="^(rss|alloc)$")
+    threads: int | None = Field(default=None, gt=0)
+
+
+class MeasureResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request: MeasureRequest
+    rss_delta_bytes: int | None = Field(default=None, description="Peak RSS over RSS before build_model (bytes).")
+    baseline_rss_bytes: int | None = None
+    alloc_peak_bytes: int | None = Field(default=None, description="Exact peak of live tensor bytes (bytes).")
+    seconds: float
+
+
+def _current_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _replay_memory_events(prof) -> int:
+    """Peak of the running sum of the profiler's [memory] events, in time order (bytes)."""
+    # The kineto results hold every allocator report, in order; prof.events() folds most into ops.
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type().name == "CPU"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _run(req: MeasureRequest) -> MeasureResult:
+    import torch
+
+    from advisor.training import prepare, train_step
+    from advisor.workload import load_workload
+
+    if req.threads:
+        torch.set_num_threads(req.threads)
+    workload = load_workload(req.workload, req.workload_args)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+
+    def steps() -> None:
+        model = workload.build_model()
+        ctx = prepare(model, workload.loss_fn, precision=req.precision, optimizer=req.optimizer,
+                      checkpointing=req.checkpointing, fused_backward=req.fused_backward)
+        for _ in range(req.steps):
+            batch = workload.make_batch(req.batch_size)
+            train_step(ctx, batch)
+
+    if req.mode == "rss":
+        base = _current_rss()
+        steps()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
+        return MeasureResult(request=req, rss_delta_bytes=peak - base, baseline_rss_bytes=base,
+                             seconds=time.perf_counter() - t0)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        steps()
+    return MeasureResult(request=req, alloc_peak_bytes=_replay_memory_events(prof), seconds=time.perf_counter() - t0)
+
+
+def measure(req: MeasureRequest, timeout_s: float = 600.0) -> MeasureResult:
+    """Run `req` in a fresh Python process and return its measurement."""
+    cmd = [sys.executable, "-m", "advisor.measure", req.model_dump_json()]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise TrialError(f"measurement of {req.workload} at batch {req.batch_size} timed out after {timeout_s:.0f} s") from exc
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise TrialError(f"measurement of {req.workload} at batch {req.batch_size} failed (exit {proc.returncode}): {tail[0]}")
+    return MeasureResult.model_validate_json(proc.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    result = _run(MeasureRequest.model_validate_json(sys.argv[1]))
+    print(result.model_dump_json())

@@ -1,0 +1,141 @@
+"""Transformer building blocks shared by the presets: GPT-2, BERT, ViT (LayerNorm + GELU MLP) and
+Llama (RMSNorm, SwiGLU, grouped-query attention, RoPE).
+
+Attention always goes through `F.scaled_dot_product_attention`, so flash / memory-efficient
+kernels apply on GPU. Shapes: B batch, T tokens, C hidden, H heads, D = C / H head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a fused QKV projection (GPT-2 / BERT / ViT layout)."""
+
+    def __init__(self, hidden: int, heads: int, causal: bool, bias: bool = True) -> None:
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=bias)
+        self.proj = nn.Linear(hidden, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        # (B, T, 3C) -> 3 x (B, H, T, D)
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class MLP(nn.Module):
+    """Two-matrix feed-forward: Linear(C, F) -> GELU -> Linear(F, C)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, gelu: str = "none", bias: bool = True) -> None:
+        super().__init__()
+        self.fc = nn.Linear(hidden, ffn_hidden, bias=bias)
+        self.act = nn.GELU(approximate=gelu)  # GPT-2 uses the tanh approximation, BERT/ViT the exact erf
+        self.proj = nn.Linear(ffn_hidden, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
+class TransformerBlock(nn.Module):
+    """LayerNorm block. pre_norm=True: x + f(LN(x)) (GPT-2, ViT); False: LN(x + f(x)) (BERT)."""
+
+    def __init__(self, hidden: int, heads: int, ffn_hidden: int, *, causal: bool, pre_norm: bool,
+                 gelu: str = "none", eps: float = 1e-5) -> None:
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.ln1 = nn.LayerNorm(hidden, eps=eps)
+        self.attn = SelfAttention(hidden, heads, causal)
+        self.ln2 = nn.LayerNorm(hidden, eps=eps)
+        self.mlp = MLP(hidden, ffn_hidden, gelu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + self.attn(x))
+        return self.ln2(x + self.mlp(x))
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE cos/sin tables, each (T, D), in the rotate-half layout (Su et al. 2021; HF Llama).
+
+    Computed per forward rather than stored as a buffer: it costs T x D flops and leaves nothing
+    to re-initialise after meta-device or FSDP construction.
+    """
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, D/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (T, D)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, D) queries or keys by position."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class GroupedQueryAttention(nn.Module):
+    """Llama attention: H query heads share KV heads in groups of H / KV; RoPE on q and k; no bias."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.wq = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.wk(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        v = self.wv(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Expand KV to H heads (as Meta's reference and torchtitan do): every SDPA backend takes it.
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward (Shazeer 2020): w2(silu(w1 x) * w3 x); three C x F matrices."""
+
+    def __init__(self, hidden: int, ffn_hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w3 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w2 = nn.Linear(ffn_hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-RMSNorm decoder block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(hidden, eps=eps)
+        self.attn = GroupedQueryAttention(hidden, heads, kv_heads)
+        self.ffn_norm = nn.RMSNorm(hidden, eps=eps)
+        self.ffn = SwiGLU(hidden, ffn_hidden)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+def init_normal(module: nn.Module, std: float = 0.02) -> None:
+    """GPT-2 / BERT initialisation: N(0, std) for Linear and Embedding weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)

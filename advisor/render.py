@@ -1,0 +1,65 @@
+"""Tables for people: estimates and the hardware catalog (rich)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from advisor.estimate.model import MemoryEstimate
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def estimate_table(est: "MemoryEstimate") -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    r = est.request
+    title = (f"{est.workload} on {est.hardware} x{est.world_size}: batch {r.batch_size}, {r.precision.value}, "
+             f"{r.optimizer.value}, {r.strategy.value}" + (", checkpointing" if r.checkpointing else "")
+             + (", fused backward" if r.fused_backward else ""))
+    table = Table(title=title, show_header=True)
+    table.add_column("per device")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    parts = est.breakdown.model_dump()
+    for name, value in parts.items():
+        table.add_row(name.replace("_", " "), human_bytes(value), f"{100 * value / max(est.total_bytes, 1):.1f}%")
+    table.add_section()
+    table.add_row(f"total ({est.predicts})", human_bytes(est.total_bytes), "")
+    table.add_row("live tensors peak", human_bytes(est.allocated_bytes), "")
+    if est.runtime_bytes:
+        table.add_row("CUDA context (outside allocator)", human_bytes(est.runtime_bytes), "")
+    table.add_row("device memory (usable)", f"{human_bytes(est.device_memory_bytes)} ({human_bytes(est.usable_bytes)})", "")
+    fit = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
+    table.add_row("verdict", fit, "")
+    console = Console()
+    console.print(table)
+    by = ", ".join(f"{k} {v}" for k, v in est.max_batch_by_strategy.items())
+    console.print(f"largest batch that fits: {est.max_batch_size}  (by strategy: {by})")
+    if est.predicted_samples_per_s:
+        console.print(f"roofline: {est.predicted_step_s * 1e3:.1f} ms/step, {est.predicted_samples_per_s:,.0f} samples/s "
+                      f"({est.flops_per_step / 1e12:.2f} TFLOP per step)")
+    console.print(f"{est.num_params:,} parameters; method: {est.method}; {est.seconds:.1f} s")
+    for note in est.notes:
+        console.print(f"note: {note}")
+
+
+def hardware_table(catalog: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="hardware catalog (dense peaks)")
+    for col in ("name", "memory", "fp32", "tf32", "bf16", "fp16", "mem GB/s", "interconnect"):
+        table.add_column(col, justify="right" if col not in ("name", "interconnect") else "left")
+    for name, acc in sorted(catalog.items()):
+        pk = acc.peak_tflops
+        table.add_row(name, human_bytes(acc.memory_bytes), *(f"{pk[k]:g}" if k in pk else "-" for k in ("fp32", "tf32", "bf16", "fp16")),
+                      f"{acc.memory_bandwidth_gbps:g}", f"{acc.interconnect} {acc.interconnect_gbps:g} GB/s")
+    Console().print(table)

@@ -1,0 +1,205 @@
+"""The training step the advisor runs and traces: optimizer, precision, checkpointing, fused step.
+
+The estimator traces exactly this code under fake tensors and the measured runs execute it for
+real, so what is predicted and what is measured come from one definition of a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from advisor.config import OptimizerKind, Precision
+
+LEARNING_RATE = 1e-3
+
+
+class RowWiseAdagrad(torch.optim.Optimizer):
+    """Adagrad whose squared-gradient accumulator keeps one value per row of 2-D tables.
+
+    As FBGEMM's row-wise Adagrad for embedding tables: state is (rows,) fp32 instead of the
+    table's full shape, so a 1e9 x 128 table keeps 4 GB of state instead of 512 GB. Tensors that
+    are not 2-D (biases, norms) keep the ordinary element-wise accumulator.
+    """
+
+    def __init__(self, params, lr: float = 1e-2, eps: float = 1e-10):
+        super().__init__(params, {"lr": lr, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102 - torch.optim contract
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                state = self.state[p]
+                if "sum" not in state:
+                    shape = (p.shape[0],) if p.dim() == 2 else p.shape
+                    state["sum"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
+                acc = state["sum"]
+                if p.dim() == 2:
+                    acc.add_(grad.float().pow(2).mean(dim=1))
+                    denom = acc.sqrt().add_(group["eps"]).unsqueeze(1)
+                else:
+                    acc.addcmul_(grad.float(), grad.float())
+                    denom = acc.sqrt().add_(group["eps"])
+                p.addcdiv_(grad, denom.to(p.dtype), value=-group["lr"])
+        return None
+
+
+def make_optimizer(kind: OptimizerKind, params, impl: str | None = None) -> torch.optim.Optimizer:
+    """One optimizer of `kind`; impl is None (torch's default), 'for-loop', 'foreach' or 'fused'."""
+    kw: dict[str, Any] = {}
+    if impl == "for-loop":
+        kw["foreach"] = False
+    elif impl == "foreach":
+        kw["foreach"] = True
+    elif impl == "fused":
+        kw["fused"] = True
+    if kind == OptimizerKind.sgd:
+        return torch.optim.SGD(params, lr=LEARNING_RATE, **kw)
+    if kind == OptimizerKind.sgd_momentum:
+        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, **kw)
+    if kind == OptimizerKind.adam:
+        return torch.optim.Adam(params, lr=LEARNING_RATE, **kw)
+    if kind == OptimizerKind.adamw:
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, **kw)
+    if kind == OptimizerKind.adagrad:
+        return torch.optim.Adagrad(params, lr=LEARNING_RATE, **{k: v for k, v in kw.items() if k != "fused"})
+    return RowWiseAdagrad(params, lr=LEARNING_RATE)
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: the longest ModuleList/Sequential whose children share a class.
+
+    These are the units that activation checkpointing wraps and FSDP shards one at a time.
+    """
+    best: list[nn.Module] = []
+    for mod in model.modules():
+        if isinstance(mod, (nn.ModuleList, nn.Sequential)):
+            kids = list(mod.children())
+            if len(kids) >= 2 and len({type(k) for k in kids}) == 1 and len(kids) > len(best):
+                if any(True for _ in kids[0].parameters()):
+                    best = kids
+    return best
+
+
+def apply_activation_checkpointing(model: nn.Module) -> int:
+    """Recompute each repeated block's forward in backward (non-reentrant). Returns blocks wrapped."""
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = repeated_blocks(model)
+    for block in blocks:
+        inner = block.forward
+
+        def forward(*args, _inner=inner, **kwargs):
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+        block.forward = forward
+    return len(blocks)
+
+
+@dataclass
+class StepContext:
+    """Everything a training step needs, built once per run by `prepare`."""
+
+    model: nn.Module
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor]
+    precision: Precision
+    device_type: str
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+    fused_backward: bool = False
+    scaler: Any = None
+    fake_scaler: bool = False  # under fake tensors: scale/unscale with no inf check (.item())
+
+
+def _attach_fused_backward(model: nn.Module, kind: OptimizerKind, impl: str | None) -> list[torch.optim.Optimizer]:
+    """A per-parameter optimizer stepped in each parameter's post-accumulate-grad hook.
+
+    The gradient is freed right after its step, so at most a few gradients are alive at once
+    (the torch tutorial "How to save memory by fusing the optimizer step into the backward pass").
+    """
+    optimizers = []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        opt = make_optimizer(kind, [p], impl)
+        optimizers.append(opt)
+
+        def hook(param, _opt=opt):
+            _opt.step()
+            param.grad = None
+
+        p.register_post_accumulate_grad_hook(hook)
+    return optimizers
+
+
+def prepare(model: nn.Module, loss_fn, *, precision: Precision, optimizer: OptimizerKind, device_type: str = "cpu",
+            optimizer_impl: str | None = None, checkpointing: bool = False, fused_backward: bool = False,
+            fake: bool = False) -> StepContext:
+    """Cast, wrap and attach an optimizer to a built model; returns the context `train_step` uses."""
+    if precision == Precision.bf16_pure:
+        model.to(torch.bfloat16)
+    if checkpointing:
+        apply_activation_checkpointing(model)
+    ctx = StepContext(model=model, loss_fn=loss_fn, precision=precision, device_type=device_type, fused_backward=fused_backward)
+    if fused_backward:
+        ctx.optimizers = _attach_fused_backward(model, optimizer, optimizer_impl)
+    else:
+        ctx.optimizers = [make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], optimizer_impl)]
+    if precision == Precision.fp16:
+        if fake:
+            ctx.fake_scaler = True
+        else:
+            ctx.scaler = torch.amp.GradScaler(device_type)
+    return ctx
+
+
+def train_step(ctx: StepContext, batch: Any, phase: Callable[[str], None] | None = None) -> torch.Tensor:
+    """forward (under autocast where asked), backward, optimizer step, zero_grad(set_to_none).
+
+    `phase`, when given, is told 'forward', 'backward', 'step' and 'done' as the step moves on
+    (the estimator's tracer uses it to label what each allocation is for).
+    """
+    phase = phase or (lambda _name: None)
+    phase("forward")
+    dtype = ctx.precision.autocast_dtype
+    if dtype is not None:
+        with torch.autocast(ctx.device_type, dtype=dtype):
+            loss = ctx.loss_fn(ctx.model, batch)
+    else:
+        loss = ctx.loss_fn(ctx.model, batch)
+    phase("backward")
+    if ctx.scaler is not None:
+        ctx.scaler.scale(loss).backward()
+        phase("step")
+        if not ctx.fused_backward:
+            ctx.scaler.step(ctx.optimizers[0])
+        ctx.scaler.update()
+    elif ctx.fake_scaler:
+        (loss * 65536.0).backward()
+        phase("step")
+        if not ctx.fused_backward:
+            with torch.no_grad():
+                for p in ctx.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(1.0 / 65536.0)
+            ctx.optimizers[0].step()
+    else:
+        loss.backward()
+        phase("step")
+        if not ctx.fused_backward:
+            ctx.optimizers[0].step()
+    if not ctx.fused_backward:
+        ctx.optimizers[0].zero_grad(set_to_none=True)
+    phase("done")
+    return loss.detach()
+
+
+def set_matmul_precision(precision: Precision) -> None:
+    """tf32 is a global switch in torch: on for 'tf32', off (full fp32) otherwise."""
+    torch.backends.cuda.matmul.allow_tf32 = precision == Precision.tf32
+    torch.backends.cudnn.allow_tf32 = precision == Precision.tf32

@@ -1,0 +1,1 @@
+"""The HTTP API (issue 5)."""

@@ -1,0 +1,1 @@
+"""Declarative search spaces for the tuner (issue 4)."""
