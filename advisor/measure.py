@@ -3,7 +3,9 @@
 `rss` mode: the peak resident set (ru_maxrss) over the resident set just before build_model(),
 after the optimizer has stepped `steps` >= 2 times. `alloc` mode: the exact peak of live tensor
 bytes, from the profiler's [memory] events replayed in order. The two are separate runs because
-the profiler's own buffers would inflate the resident set.
+the profiler's own buffers would inflate the resident set. `trace` mode runs the estimator's
+tracer on real tensors and writes its allocation log to a file (for calibration). `cuda` mode
+runs the steps on the GPU and reports max_memory_allocated / max_memory_reserved.
 
 Run as `python -m advisor.measure '<json request>'`; prints one JSON line.
 """
@@ -35,7 +37,8 @@ class MeasureRequest(BaseModel):
     checkpointing: bool = False
     fused_backward: bool = False
     steps: int = Field(default=3, ge=2)
-    mode: str = Field(default="rss", pattern="^(rss|alloc)$")
+    mode: str = Field(default="rss", pattern="^(rss|alloc|trace|cuda)$")
+    trace_path: str | None = Field(default=None, description="mode 'trace': where to write the real-tensor trace (.npz).")
     threads: int | None = Field(default=None, gt=0)
 
 
@@ -46,6 +49,7 @@ class MeasureResult(BaseModel):
     rss_delta_bytes: int | None = Field(default=None, description="Peak RSS over RSS before build_model (bytes).")
     baseline_rss_bytes: int | None = None
     alloc_peak_bytes: int | None = Field(default=None, description="Exact peak of live tensor bytes (bytes).")
+    cuda_reserved_bytes: int | None = Field(default=None, description="mode 'cuda': max_memory_reserved (bytes).")
     seconds: float
 
 
@@ -66,6 +70,14 @@ def _replay_memory_events(prof) -> int:
     return peak
 
 
+def _to_device(batch: Any, device: str) -> Any:
+    if device == "cpu":
+        return batch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.to(device, non_blocking=True) if hasattr(x, "to") else x, batch)
+
+
 def _run(req: MeasureRequest) -> MeasureResult:
     import torch
 
@@ -78,14 +90,33 @@ def _run(req: MeasureRequest) -> MeasureResult:
     torch.manual_seed(0)
     t0 = time.perf_counter()
 
+    device = "cuda" if req.mode == "cuda" else "cpu"
+
     def steps() -> None:
-        model = workload.build_model()
-        ctx = prepare(model, workload.loss_fn, precision=req.precision, optimizer=req.optimizer,
+        model = workload.build_model().to(device)
+        ctx = prepare(model, workload.loss_fn, precision=req.precision, optimizer=req.optimizer, device_type=device,
                       checkpointing=req.checkpointing, fused_backward=req.fused_backward)
         for _ in range(req.steps):
-            batch = workload.make_batch(req.batch_size)
+            batch = _to_device(workload.make_batch(req.batch_size), device)
             train_step(ctx, batch)
 
+    if req.mode == "trace":
+        from advisor.estimate.trace import save_trace, trace_training
+
+        tr = trace_training(workload, req.batch_size, precision=req.precision, optimizer=req.optimizer,
+                            checkpointing=req.checkpointing, fused_backward=req.fused_backward, fake=False)
+        save_trace(tr, req.trace_path or "trace.npz")
+        return MeasureResult(request=req, alloc_peak_bytes=tr.peak_bytes, seconds=time.perf_counter() - t0)
+    if req.mode == "cuda":
+        # DESIGN.md: peaks over the steps, after reset_peak_memory_stats() taken before the build.
+        from advisor.training import set_matmul_precision
+
+        set_matmul_precision(req.precision)
+        torch.cuda.reset_peak_memory_stats()
+        steps()
+        torch.cuda.synchronize()
+        return MeasureResult(request=req, alloc_peak_bytes=torch.cuda.max_memory_allocated(),
+                             cuda_reserved_bytes=torch.cuda.max_memory_reserved(), seconds=time.perf_counter() - t0)
     if req.mode == "rss":
         base = _current_rss()
         steps()

@@ -55,11 +55,15 @@ def hardware_table(catalog: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="hardware catalog (dense peaks)")
+    table = Table(title="hardware catalog (dense peak TFLOP/s)")
     for col in ("name", "memory", "fp32", "tf32", "bf16", "fp16", "mem GB/s", "interconnect"):
-        table.add_column(col, justify="right" if col not in ("name", "interconnect") else "left")
+        # names are what --hardware takes: never cut them
+        table.add_column(col, justify="right" if col not in ("name", "interconnect") else "left", no_wrap=col == "name")
     for name, acc in sorted(catalog.items()):
         pk = acc.peak_tflops
         table.add_row(name, human_bytes(acc.memory_bytes), *(f"{pk[k]:g}" if k in pk else "-" for k in ("fp32", "tf32", "bf16", "fp16")),
                       f"{acc.memory_bandwidth_gbps:g}", f"{acc.interconnect} {acc.interconnect_gbps:g} GB/s")
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)  # piped: wide enough that no column is cut
+    console.print(table)

@@ -19,7 +19,8 @@ import numpy as np
 
 from advisor.config import OptimizerKind, Precision
 from advisor.estimate.model import EstimateRequest
-from advisor.estimate.trace import ACTIVATIONS, GRADS, INPUTS, OPT_STATE, PARAMS, STEP_TEMPS, TEMPORARIES, Trace
+from advisor.estimate.trace import (ACTIVATIONS, CATEGORY_NAMES, GRADS, INPUTS, OPT_STATE, PARAM_COPIES, PARAMS, STEP_TEMPS,
+                                    TEMPORARIES, Trace)
 from advisor.workload import DecoderArch, Workload
 
 STATE_PER_PARAM = {  # optimizer state elements per parameter (torch.optim)
@@ -72,10 +73,11 @@ def analytic_trace(wl: Workload, batch: int, req: EstimateRequest) -> Trace:
     state = STATE_PER_PARAM[req.optimizer] * n * (2 if pure else 4)
     cache = n * 2 if req.precision in (Precision.bf16, Precision.fp16) else 0  # autocast's low-precision weight copies
     block = layer_params(d) * p_bytes
-    curve = np.zeros((3, 7), dtype=np.int64)
+    curve = np.zeros((3, len(CATEGORY_NAMES)), dtype=np.int64)
     curve[:, PARAMS] = params
     curve[:, OPT_STATE] = state
-    curve[0, ACTIVATIONS] = acts + logits + cache
+    curve[0, ACTIVATIONS] = acts + logits
+    curve[0, PARAM_COPIES] = cache
     curve[0, INPUTS] = curve[1, INPUTS] = tokens * 8
     curve[1, ACTIVATIONS] = acts + logits
     curve[1, TEMPORARIES] = 2 * tokens * d.vocab * 4 + (per_layer if req.checkpointing else 0)  # grad of logits

@@ -1,14 +1,18 @@
-"""Short real runs on this CPU that refine the estimate (allowed only when the target is here).
+"""Short real runs on this CPU that refine the estimate (only when the target is this CPU).
 
-Two batch sizes well below the one asked for are run for real (advisor.measure: a fresh process
-each, DESIGN.md's protocol). What the process holds beyond the heap model of the traced
-allocations is fitted as affine in batch size; so is what kernels allocate that tracing cannot
-see (e.g. oneDNN RNN workspaces). The same runs stand in for the trace of a model that cannot be
-traced.
+Two kinds of fresh-process runs (advisor.measure), at batch sizes at most half the one asked for:
+- `trace`: the estimator's tracer on real tensors, so real kernels pick their own paths. Where
+  real and fake traces disagree (a kernel keeps a workspace fake tensors cannot know of, such as
+  oneDNN's RNN), the real traces replace the fake ones, extrapolated per allocation in batch size.
+- `rss`: DESIGN.md's resident-set protocol. The peak resident set beyond the persistent tensors
+  is fitted as affine in the transient peak of the same batch (see overhead.py for why).
+The same real traces stand in for the fake one for a model that cannot be traced at all.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -16,87 +20,91 @@ from typing import Any
 import numpy as np
 
 from advisor.estimate.batchmodel import BatchModel
-from advisor.estimate.heap import simulate
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CpuCalibration
-from advisor.estimate.trace import PARAMS, TEMPORARIES, Trace
+from advisor.estimate.trace import ACTIVATIONS, INPUTS, Trace, load_trace
 from advisor.measure import MeasureRequest, MeasureResult, measure
+
+# Real and fake traces agree when their peaks and activation peaks differ by less than this.
+AGREEMENT = 0.02
 
 
 @dataclass(frozen=True)
 class Calibration(CpuCalibration):
     batches: tuple[int, ...] = ()
+    used_real_traces: bool = False
 
 
-def calibration_batches(batch: int) -> tuple[int, int]:
-    """Two batch sizes at most a quarter of `batch` (samples), distinct where possible."""
-    hi = max(1, batch // 4)
-    lo = max(1, hi // 2)
-    return (lo, hi) if lo < hi else (hi, hi + 1) if batch > 1 else (1, 2)
+def calibration_batches(batch: int) -> tuple[int, ...]:
+    """Up to three distinct batch sizes at most half of `batch` (samples); (1,) for batch <= 2."""
+    return tuple(sorted({max(1, batch // 8), max(1, batch // 4), max(1, batch // 2)}))
 
 
-def _run_all(spec: str, args: dict[str, Any], req: EstimateRequest, batches: tuple[int, ...], modes: tuple[str, ...]) -> dict:
-    jobs = {(b, m): MeasureRequest(workload=spec, workload_args=args, batch_size=b, precision=req.precision,
-                                   optimizer=req.optimizer, checkpointing=req.checkpointing,
-                                   fused_backward=req.fused_backward, mode=m)
-            for b in batches for m in modes}
+def _request(spec: str, args: dict[str, Any], req: EstimateRequest, b: int, mode: str, path: str | None = None):
+    return MeasureRequest(workload=spec, workload_args=args, batch_size=b, precision=req.precision,
+                          optimizer=req.optimizer, checkpointing=req.checkpointing,
+                          fused_backward=req.fused_backward, mode=mode, trace_path=path)
+
+
+def _run_parallel(jobs: dict[Any, MeasureRequest]) -> dict[Any, MeasureResult]:
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {k: pool.submit(measure, j) for k, j in jobs.items()}
         return {k: f.result() for k, f in futures.items()}
 
 
-def _affine(xs: list[int], ys: list[float]) -> tuple[float, float]:
-    if len(set(xs)) < 2:
-        return float(ys[0]), 0.0
-    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
-    return float(intercept), float(max(slope, 0.0))
+def _trace_batches(batch: int) -> tuple[int, int]:
+    hi = max(2, batch // 4)
+    return (max(1, hi // 2), hi)
 
 
-def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel) -> Calibration:
-    batches = calibration_batches(req.batch_size)
-    res: dict[tuple[int, str], MeasureResult] = _run_all(spec, args, req, batches, ("rss", "alloc"))
-    xs, runtime, hidden = [], [], []
-    for b in batches:
-        tr = bm.at(b)
-        real_alloc = res[(b, "alloc")].alloc_peak_bytes or 0
-        hid = max(0, real_alloc - tr.peak_bytes)
-        heap = simulate(tr.sizes, tr.ids)
-        xs.append(b)
-        hidden.append(hid)
-        runtime.append(res[(b, "rss")].rss_delta_bytes - heap - hid)
-    ri, rs = _affine(xs, runtime)
-    hi_, hs = _affine(xs, hidden)
-    return Calibration(intercept=ri, per_sample=rs, alloc_intercept=hi_, alloc_per_sample=hs, batches=batches)
+def real_batch_model(spec: str, args: dict[str, Any], req: EstimateRequest, batches: tuple[int, int],
+                     extra: dict[Any, MeasureRequest] | None = None) -> tuple[BatchModel, dict[Any, MeasureResult]]:
+    """A BatchModel from real-tensor traces at two batch sizes, plus any extra runs done alongside."""
+    with tempfile.TemporaryDirectory(prefix="advisor-cal-") as tmp:
+        jobs = {("trace", b): _request(spec, args, req, b, "trace", os.path.join(tmp, f"t{b}.npz")) for b in batches}
+        jobs.update(extra or {})
+        res = _run_parallel(jobs)
+        traces = {b: load_trace(os.path.join(tmp, f"t{b}.npz")) for b in batches}
+    lo, hi = batches
+    return BatchModel(a=lo, trace_a=traces[lo], c=hi, trace_c=traces[hi]), res
 
 
-def _measured_trace(param_bytes: int, alloc: int) -> Trace:
-    curve = np.zeros((1, 7), dtype=np.int64)
-    curve[0, PARAMS] = param_bytes
-    curve[0, TEMPORARIES] = max(0, alloc - param_bytes)
-    return Trace(curve=curve, sizes=np.asarray([alloc], np.int64), ids=np.asarray([0], np.int64), phases=[(0, "measured")],
-                 param_bytes=param_bytes, grad_bytes=param_bytes, opt_state_bytes=0, largest_block_bytes=0,
-                 flops_per_step=0, num_params=0, seconds=0.0)
+def _agree(fake: Trace, real: Trace) -> bool:
+    def act(t: Trace) -> int:
+        return int((t.curve[:, ACTIVATIONS] + t.curve[:, INPUTS]).max())
+
+    def close(x: int, y: int) -> bool:
+        return abs(x - y) <= AGREEMENT * max(y, 1) + 1_000_000
+
+    return close(fake.peak_bytes, real.peak_bytes) and close(act(fake), act(real))
 
 
-def measured_batch_model(name: str, spec: Any, args: dict[str, Any] | None, req: EstimateRequest) -> BatchModel:
-    """A BatchModel from real allocated peaks at two small batches, for models tracing cannot run."""
-    import torch
+# Bounds on resident bytes per transient live byte: the fit extrapolates, and noise in a
+# resident set (5-10% between identical runs here) must not turn into a wild slope.
+SLOPE_BOUNDS = (0.5, 2.5)
+DEFAULT_SLOPE = 1.3
 
-    from advisor.errors import EstimateError
-    from advisor.workload import load_workload
 
-    if not isinstance(spec, str):
-        raise EstimateError(f"{name} cannot be traced and was given as an object, so no fresh process can run it")
-    wl = load_workload(spec, args)
-    model = wl.build_model()
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    num_params = sum(p.numel() for p in model.parameters())
-    del model
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    lo, hi = 1, 2
-    res = _run_all(spec, args or {}, req, (lo, hi), ("alloc",))
-    ta = _measured_trace(param_bytes, res[(lo, "alloc")].alloc_peak_bytes or 0)
-    tc = _measured_trace(param_bytes, res[(hi, "alloc")].alloc_peak_bytes or 0)
-    from dataclasses import replace
+def _fit(transient: list[int], extra: list[float]) -> tuple[float, float]:
+    """Least squares extra = intercept + slope x transient, slope bounded; too narrow a spread of
+    transient bytes to fit a slope: the default slope."""
+    x, y = np.asarray(transient, float), np.asarray(extra, float)
+    slope = DEFAULT_SLOPE
+    if len(x) >= 2 and np.ptp(x) > 0.2 * x.max():
+        slope = float(np.clip(np.polyfit(x, y, 1)[0], *SLOPE_BOUNDS))
+    return float(np.mean(y - slope * x)), slope
 
-    return BatchModel(a=lo, trace_a=replace(ta, num_params=num_params), c=hi, trace_c=replace(tc, num_params=num_params))
+
+def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel) -> tuple[Calibration, BatchModel]:
+    """Fit the CPU runtime overhead; returns it and the batch model to use (fake, or real traces)."""
+    rss_batches = calibration_batches(req.batch_size)
+    rss_jobs = {("rss", b): _request(spec, args, req, b, "rss") for b in rss_batches}
+    real_bm, res = real_batch_model(spec, args, req, _trace_batches(req.batch_size), rss_jobs)
+    use_real = not all(_agree(bm.at(b), real_bm.at(b)) for b in (real_bm.a, real_bm.c))
+    chosen = real_bm if use_real else bm
+    from advisor.estimate.strategy import persistent_transient, scaled_curve
+
+    split = [persistent_transient(scaled_curve(req, chosen.at(b), 1)) for b in rss_batches]
+    extra = [res[("rss", b)].rss_delta_bytes - p for b, (p, _) in zip(rss_batches, split)]
+    intercept, slope = _fit([t for _, t in split], extra)
+    return Calibration(intercept=intercept, slope=slope, batches=rss_batches, used_real_traces=use_real), chosen

@@ -12,7 +12,7 @@ from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import Breakdown, EstimateRequest, MemoryEstimate
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
 from advisor.estimate.roofline import step_time
-from advisor.estimate.strategy import peak_breakdown, scaled_curve
+from advisor.estimate.strategy import peak_breakdown, persistent_transient, scaled_curve
 from advisor.estimate.trace import Trace, trace_training
 from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
@@ -39,9 +39,10 @@ class _Evaluator:
     def at(self, b: int, strategy: Strategy | None = None) -> tuple[Trace, int, dict[str, int], Overhead]:
         req = self.req if strategy is None else self.req.model_copy(update={"strategy": strategy})
         tr = self.bm.at(b)
-        allocated, parts = peak_breakdown(scaled_curve(req, tr, self.hw.world_size))
+        curve = scaled_curve(req, tr, self.hw.world_size)
+        allocated, parts = peak_breakdown(curve)
         if self.hw.device_type == "cpu":
-            ov = cpu_overhead(tr, allocated, b, self.calib)
+            ov = cpu_overhead(allocated, *persistent_transient(curve), self.calib)
         else:
             ov = cuda_overhead(tr, allocated)
         return tr, allocated, parts, ov
@@ -79,9 +80,13 @@ def _batch_model(wl: Workload, req: EstimateRequest) -> BatchModel:
         return trace_training(wl, b, **kw)
 
     a = req.batch_size
+    if a == 1:
+        # Batch 1 often takes other kernels' paths (e.g. matmuls folded differently) than larger
+        # batches, so it is traced exactly and the batch scaling comes from traces at 2 and 4.
+        return BatchModel(a=2, trace_a=retrace(2), c=4, trace_c=retrace(4), exact={1: retrace(1)})
     c = a * 2 if a < 4 else a // 2
     lo, hi = sorted((a, c))
-    return BatchModel(a=lo, trace_a=retrace(lo), c=hi, trace_c=retrace(hi), retrace=retrace)
+    return BatchModel(a=lo, trace_a=retrace(lo), c=hi, trace_c=retrace(hi))
 
 
 def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batch_size: int | None = None, *,
@@ -101,7 +106,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     t0 = time.perf_counter()
     settings = get_settings()
     wl, hw = _resolve(workload, hardware, workload_args)
-    batch = batch_size or wl.default_batch_size
+    batch = wl.default_batch_size if batch_size is None else batch_size
     if batch <= 0:
         raise SpecError(f"batch size must be a positive integer, got {batch}")
     try:
@@ -113,7 +118,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         raise SpecError(str(exc).splitlines()[-1] if "validation error" in str(exc) else str(exc)) from exc
     if req.strategy != Strategy.single and hw.world_size < 2:
         raise SpecError(f"strategy {req.strategy.value} needs 2+ devices; give e.g. --hardware {hw.accelerator.name}:8")
-    notes: list[str] = []
+    notes: list[str] = [hw.note] if hw.note else []
     margin = settings.memory_margin if margin is None else margin
     usable = int(hw.memory_per_device_bytes * (1 - margin))
 
@@ -128,21 +133,29 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
             bm = _batch_model(wl, req)
             used = "traced"
         except EstimateError as exc:
-            if hw.device_type != "cpu" or not hw.is_local:
-                raise EstimateError(f"{exc}; and the target is not this machine's CPU, so no real step can stand in") from exc
-            from advisor.estimate.calibrate import measured_batch_model
+            if not isinstance(workload, str):
+                raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "
+                                    "so give its preset name or file.py:build to fall back to real steps") from exc
+            from advisor.estimate.calibrate import real_batch_model
 
-            notes.append(f"{exc}; fell back to real steps at small batch sizes on this CPU")
-            bm = measured_batch_model(wl.name, workload, workload_args, req)
+            notes.append(f"{exc}; fell back to real steps at batch 1 and 2 on this CPU, traced on real tensors")
+            bm, _ = real_batch_model(workload, workload_args or {}, req, (1, 2))
             used = "measured"
 
     calib = None
     do_cal = settings.calibrate if calibrate is None else calibrate
-    if hw.device_type == "cpu" and hw.is_local and do_cal and isinstance(workload, str) and used != "analytic":
-        from advisor.estimate.calibrate import calibrate_cpu
+    if hw.device_type == "cpu" and hw.is_local and do_cal and used != "analytic":
+        if not isinstance(workload, str):
+            notes.append("not calibrated: a workload passed as an object cannot be run in a fresh process")
+        else:
+            from advisor.estimate.calibrate import calibrate_cpu
 
-        calib = calibrate_cpu(workload, workload_args or {}, req, bm)
-        notes.append(f"calibrated on this CPU with real steps at batch {calib.batches}: runtime overhead {calib.intercept / 2**20:.0f} MiB + {calib.per_sample / 2**20:.2f} MiB/sample")
+            calib, bm = calibrate_cpu(workload, workload_args or {}, req, bm)
+            notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}: "
+                         f"resident = persistent + {calib.slope:.2f} x transient + {calib.intercept / 2**20:.0f} MiB")
+            if calib.used_real_traces:
+                notes.append("real kernels allocate differently from the fake trace here (e.g. a workspace): "
+                             "using traces of real steps at small batch sizes, extrapolated per allocation")
 
     ev = _Evaluator(hw, req, bm, calib)
     tr, allocated, parts, ov = ev.at(batch)

@@ -14,12 +14,13 @@ import numpy as np
 
 from advisor.config import Strategy
 from advisor.estimate.model import EstimateRequest
-from advisor.estimate.trace import ACTIVATIONS, GRADS, INPUTS, OPT_STATE, PARAMS, STEP_TEMPS, TEMPORARIES, Trace
+from advisor.estimate.trace import (ACTIVATIONS, CATEGORY_NAMES, GRADS, INPUTS, OPT_STATE, PARAM_COPIES, PARAMS, STEP_TEMPS,
+                                    TEMPORARIES, Trace)
 
 
 def category_weights(req: EstimateRequest, world: int) -> np.ndarray:
     """Per-category multipliers of the traced live bytes on one device of `world`."""
-    w = np.ones(7)
+    w = np.ones(len(CATEGORY_NAMES))
     n = max(world, 1)
     if req.strategy in (Strategy.zero1, Strategy.zero2, Strategy.zero3):
         w[OPT_STATE] = w[STEP_TEMPS] = 1.0 / n
@@ -27,6 +28,7 @@ def category_weights(req: EstimateRequest, world: int) -> np.ndarray:
         w[GRADS] = 1.0 / n
     if req.strategy == Strategy.zero3:
         w[PARAMS] = 0.0 if req.offload_params else 1.0 / n
+        w[PARAM_COPIES] = 1.0 / n
     if req.offload_optimizer:
         w[OPT_STATE] = w[STEP_TEMPS] = 0.0
     return w
@@ -46,7 +48,7 @@ def constant_extras(req: EstimateRequest, trace: Trace, world: int) -> dict[int,
 
 
 def scaled_curve(req: EstimateRequest, trace: Trace, world: int) -> np.ndarray:
-    """(events, 7) live bytes per category on one device under the requested strategy."""
+    """(events, categories) live bytes per category on one device under the requested strategy."""
     curve = trace.curve * category_weights(req, world)
     for cat, extra in constant_extras(req, trace, world).items():
         curve[:, cat] += extra
@@ -61,10 +63,22 @@ def peak_breakdown(curve: np.ndarray) -> tuple[int, dict[str, int]]:
     i = int(np.argmax(total))
     row = curve[i]
     parts = {
-        "parameters": int(row[PARAMS]),
+        "parameters": int(row[PARAMS] + row[PARAM_COPIES]),
         "gradients": int(row[GRADS]),
         "optimizer_state": int(row[OPT_STATE]),
         "activations": int(row[ACTIVATIONS] + row[INPUTS]),
         "temporaries": int(row[TEMPORARIES] + row[STEP_TEMPS]),
     }
     return int(sum(parts.values())), parts
+
+
+PERSISTENT = (PARAMS, GRADS, OPT_STATE)
+
+
+def persistent_transient(curve: np.ndarray) -> tuple[int, int]:
+    """Peaks over the step of the long-lived categories and of everything else (bytes)."""
+    if len(curve) == 0:
+        return 0, 0
+    mask = np.zeros(curve.shape[1], dtype=bool)
+    mask[list(PERSISTENT)] = True
+    return int(curve[:, mask].sum(axis=1).max()), int(curve[:, ~mask].sum(axis=1).max())

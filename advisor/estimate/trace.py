@@ -20,8 +20,11 @@ from advisor.errors import EstimateError
 from advisor.workload import Workload
 
 # Category indices of the live-bytes curve.
-PARAMS, GRADS, OPT_STATE, ACTIVATIONS, TEMPORARIES, STEP_TEMPS, INPUTS = range(7)
-CATEGORY_NAMES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "step_temporaries", "inputs")
+# PARAM_COPIES: low-precision copies of parameters made in forward (autocast's weight cache);
+# under ZeRO-3 they exist only for the gathered units, so they scale with the parameters.
+PARAMS, GRADS, OPT_STATE, ACTIVATIONS, TEMPORARIES, STEP_TEMPS, INPUTS, PARAM_COPIES = range(8)
+CATEGORY_NAMES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "step_temporaries", "inputs",
+                  "param_copies")
 _PHASE_LABEL = {"build": PARAMS, "batch": INPUTS, "forward": ACTIVATIONS, "backward": TEMPORARIES,
                 "step": STEP_TEMPS, "done": TEMPORARIES}
 
@@ -30,7 +33,7 @@ _PHASE_LABEL = {"build": PARAMS, "batch": INPUTS, "forward": ACTIVATIONS, "backw
 class Trace:
     """What one traced run (build + 2 steps) allocated, as a curve of live bytes by category."""
 
-    curve: np.ndarray  # (events, 7) int64: live bytes per category after each event
+    curve: np.ndarray  # (events, 8) int64: live bytes per category after each event
     sizes: np.ndarray  # (events,) int64: +bytes for an allocation, -bytes for a free, in order
     ids: np.ndarray  # (events,) int64: which allocation each event is about
     phases: list[tuple[int, str]]  # (first event index, phase name) for each phase change
@@ -61,12 +64,13 @@ class _Tracker:
         self.phase_marks: list[tuple[int, str]] = [(0, "build")]
         self.flops = 0
         self.count_flops = False
+        self.param_keys: set[int] = set()  # storages of the model's parameters
 
     def set_phase(self, name: str) -> None:
         self.phase = name
         self.phase_marks.append((len(self.events), name))
 
-    def track(self, t: Any) -> None:
+    def track(self, t: Any, category: int | None = None) -> None:
         import torch
 
         if not isinstance(t, torch.Tensor):
@@ -78,7 +82,7 @@ class _Tracker:
         aid = len(self.nbytes)
         self.live_ids[key] = aid
         self.nbytes.append(int(st.nbytes()))
-        self.labels.append(_PHASE_LABEL[self.phase])
+        self.labels.append(_PHASE_LABEL[self.phase] if category is None else category)
         self.events.append(aid + 1)
         weakref.finalize(st, self._free, key, aid)
 
@@ -94,6 +98,7 @@ class _Tracker:
 
 
 def _dispatch_mode(tracker: _Tracker):
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import flop_registry
@@ -102,8 +107,12 @@ def _dispatch_mode(tracker: _Tracker):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
+            category = None
+            if (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
+                    and args[0].untyped_storage()._cdata in tracker.param_keys):
+                category = PARAM_COPIES
             for t in tree_flatten(out)[0]:
-                tracker.track(t)
+                tracker.track(t, category)
             if tracker.count_flops and func.overloadpacket in flop_registry:
                 tracker.flops += int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
             return out
@@ -137,8 +146,16 @@ def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def trace_training(workload: Workload, batch_size: int, *, precision: Precision, optimizer: OptimizerKind,
-                   checkpointing: bool = False, fused_backward: bool = False, optimizer_impl: str | None = None) -> Trace:
-    """Build `workload` and run two full training steps on fake tensors, recording memory."""
+                   checkpointing: bool = False, fused_backward: bool = False, optimizer_impl: str | None = None,
+                   fake: bool = True) -> Trace:
+    """Build `workload` and run two full training steps, recording memory.
+
+    fake=True (the estimator): on fake tensors, nothing allocated. fake=False: on real CPU
+    tensors, so real kernels choose their own paths (e.g. oneDNN's RNN with its workspace);
+    the calibration runs this at small batch sizes in a fresh process.
+    """
+    import contextlib
+
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -146,9 +163,9 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
 
     t0 = time.perf_counter()
     tracker = _Tracker()
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     try:
-        with fake_mode, _dispatch_mode(tracker):
+        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker):
             torch.manual_seed(0)
             model = workload.build_model()
             params = [p for p in model.parameters()]
@@ -160,12 +177,14 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
                     p.register_post_accumulate_grad_hook(lambda q: tracker.relabel(q.grad, GRADS))
             ctx = prepare(model, workload.loss_fn, precision=precision, optimizer=optimizer, device_type="cpu",
                           optimizer_impl=optimizer_impl, checkpointing=checkpointing, fused_backward=fused_backward,
-                          fake=True)
+                          fake=fake)
             param_bytes = sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
+            tracker.param_keys = {p.untyped_storage()._cdata for p in model.parameters()}
             grad_bytes = 0
             for it in range(2):
                 tracker.set_phase("batch")
-                batch = _fakeify(workload.make_batch(batch_size), fake_mode)
+                batch = workload.make_batch(batch_size)
+                batch = _fakeify(batch, fake_mode) if fake_mode else batch
                 for t in torch.utils._pytree.tree_flatten(batch)[0]:
                     tracker.track(t)
                 tracker.count_flops = it == 0
@@ -193,8 +212,26 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     except EstimateError:
         raise
     except Exception as exc:
-        raise EstimateError(f"cannot trace {workload.name} on fake tensors: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        if "DataDependent" in type(exc).__name__:
+            raise EstimateError(f"cannot trace {workload.name} on fake tensors: its code reads a tensor's value "
+                                f"(data-dependent control flow, {type(exc).__name__})") from exc
+        raise EstimateError(f"cannot trace {workload.name} on {'fake' if fake else 'real'} tensors: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     curve, sizes, ids = _replay(tracker)
     return Trace(curve=curve, sizes=sizes, ids=ids, phases=tracker.phase_marks, param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0)
+
+
+def save_trace(trace: Trace, path: str) -> None:
+    """Write a trace to an .npz file (the calibration process hands traces back this way)."""
+    meta = {k: getattr(trace, k) for k in ("param_bytes", "grad_bytes", "opt_state_bytes", "largest_block_bytes",
+                                           "flops_per_step", "num_params", "seconds")}
+    np.savez(path, curve=trace.curve, sizes=trace.sizes, ids=trace.ids, meta=np.asarray(list(meta.values()), dtype=np.float64))
+
+
+def load_trace(path: str) -> Trace:
+    with np.load(path) as z:
+        m = z["meta"].tolist()
+        return Trace(curve=z["curve"], sizes=z["sizes"], ids=z["ids"], phases=[(0, "real")], param_bytes=int(m[0]),
+                     grad_bytes=int(m[1]), opt_state_bytes=int(m[2]), largest_block_bytes=int(m[3]),
+                     flops_per_step=int(m[4]), num_params=int(m[5]), seconds=float(m[6]))

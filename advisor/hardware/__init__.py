@@ -75,7 +75,7 @@ def _parse_count(count: str, spec: str) -> tuple[int, int]:
 def hardware_from_probe(probe: LocalProbe) -> HardwareSpec:
     """The HardwareSpec for a probed machine: its visible GPUs if any, else its CPU."""
     if not probe.visible_gpus:
-        return _local_cpu(probe)
+        return _local_cpu(probe).model_copy(update={"note": probe.note})
     gpus = [gpu for gpu in probe.gpus if gpu.index in probe.visible_gpus]
     keys = {gpu.name: catalog_key_for_gpu(gpu.name) for gpu in gpus}
     unknown = sorted(name for name, key in keys.items() if key is None)

@@ -34,6 +34,7 @@ class HardwareSpec(BaseModel):
     cpu_cores: int | None = Field(default=None, gt=0, description="Physical or logical CPU cores per node.")
     numa_nodes: int | None = Field(default=None, gt=0)
     is_local: bool = Field(default=False, description="Describes this machine (probed), so calibration may run here.")
+    note: str | None = Field(default=None, description="One line from the probe, e.g. why no GPU was described.")
 
     @property
     def device_type(self) -> str:

@@ -1,0 +1,795 @@
+#!/usr/bin/env python
+"""How close is `estimate_memory` to what a CPU training step really uses, beside the usual rules of thumb.
+
+    .venv/bin/python bench/estimate_accuracy.py [--quick] [--out bench/results/accuracy.json] [--resume]
+
+Four parts, all written to the JSON (after every case, so a long run can be watched or resumed) and to a
+markdown file next to it (accuracy.md):
+
+1. Accuracy on this machine's CPU (hardware 'cpu', calibrate=True): 8 workloads of different kinds x
+   {fp32, bf16 autocast} x {adamw, sgd-momentum} x 2 batch sizes. Per case:
+   - measured RSS: median of 3 `measure(mode='rss')` runs (DESIGN.md "what a measured peak means": peak
+     ru_maxrss over the RSS just before build_model(), fresh process, >= 2 optimizer steps);
+   - exact allocated peak: one `measure(mode='alloc')` run (profiler memory events replayed in order);
+   - ours: `estimate_memory(...).total_bytes` vs the RSS, `.allocated_bytes` vs the allocated peak;
+   - anchors, against the RSS (see ANCHORS below for each formula and its source), and PyTorch's
+     MemTracker under FakeTensorMode against the RSS and the allocated peak.
+   Relative error = (estimate - measured) / measured.
+2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
+   (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
+3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
+
+Sizes were chosen by measuring each workload once on this machine so that every case's measured RSS
+lies in 0.2-3 GB (fp32/adamw is the largest of the four precision x optimizer pairs, bf16/sgd-momentum
+usually the smallest); they are hard-coded below.
+
+The machine may be shared: RSS is per process, so measurement runs go two at a time, but wall times
+in part 3 are also reported as CPU time and beside the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+GB = 1e9
+
+# ----------------------------------------------------------------------------------------------------------
+# What is measured
+
+
+@dataclass(frozen=True)
+class WorkloadCase:
+    kind: str
+    workload: str
+    args: dict[str, Any]
+    batches: tuple[int, int]
+
+
+# Batch sizes and shape kwargs chosen so each case measures 0.2-3 GB of RSS on this machine (see the
+# module docstring); smaller images / sequences than the presets' defaults keep a step short on 2 cores.
+WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("CNN", "resnet18", {"image_size": 112}, (8, 32)),
+    WorkloadCase("ViT", "vit-b16", {"image_size": 112}, (4, 16)),
+    WorkloadCase("encoder", "bert-base", {"seq_len": 128}, (2, 6)),
+    WorkloadCase("decoder", "gpt2-small", {"seq_len": 64}, (1, 4)),
+    WorkloadCase("recurrent", "lstm", {}, (16, 64)),
+    WorkloadCase("recommender", "dlrm", {"rows": 100_000}, (256, 2048)),
+    WorkloadCase("U-Net", "unet", {"image_size": 128}, (2, 8)),
+    WorkloadCase("MLP", "mlp", {}, (1024, 4096)),
+]
+PRECISIONS = ("fp32", "bf16")
+OPTIMIZERS = ("adamw", "sgd-momentum")
+
+QUICK_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("MLP", "mlp", {}, (1024, 1024)),
+    WorkloadCase("CNN", "resnet18", {"image_size": 64}, (8, 8)),
+]
+
+
+@dataclass(frozen=True)
+class MaxBatchCase:
+    workload: str
+    args: dict[str, Any]
+    precision: str
+    optimizer: str
+    cap_bytes: int
+    hint: int  # the batch size handed to estimate_memory (its traces and calibration runs scale from it)
+
+
+MAX_BATCH: list[MaxBatchCase] = [
+    MaxBatchCase("mlp", {}, "fp32", "adamw", int(1.5 * GB), 8192),
+    MaxBatchCase("resnet18", {"image_size": 64}, "fp32", "adamw", int(1.5 * GB), 256),
+    MaxBatchCase("gpt2-small", {"seq_len": 64}, "fp32", "sgd-momentum", int(2.5 * GB), 8),
+]
+QUICK_MAX_BATCH: list[MaxBatchCase] = [MaxBatchCase("mlp", {"hidden": 1024}, "fp32", "adamw", int(0.4 * GB), 1024)]
+
+
+@dataclass(frozen=True)
+class SpeedCase:
+    label: str
+    kwargs: dict[str, Any]
+    goal_s: float
+
+
+SPEED: list[SpeedCase] = [
+    SpeedCase("gpt2-small on h100-sxm (traced)", {"workload": "gpt2-small", "hardware": "h100-sxm", "method": "traced"}, 5.0),
+    SpeedCase("llama-8b on h100-sxm (auto)", {"workload": "llama-8b", "hardware": "h100-sxm", "method": "auto"}, 30.0),
+    SpeedCase("llama-70b on h100-sxm:8 zero3 (auto)",
+              {"workload": "llama-70b", "hardware": "h100-sxm:8", "strategy": "zero3", "method": "auto"}, 5.0),
+]
+SPEED_RSS_GOAL = 1 * GB
+
+GOALS = {
+    "ours_vs_rss": (0.05, 0.12),
+    "ours_vs_alloc": (0.01, 0.03),
+}
+
+# ----------------------------------------------------------------------------------------------------------
+# Anchors: the rules people use instead of an estimator, each as bytes from the parameter count P.
+#
+# rule24: the folk rule "training with Adam takes ~24 bytes per parameter", applied as P * 24 whatever
+#   the optimizer and precision (that is how it gets used).
+# accelerate: `accelerate estimate-memory` (huggingface/accelerate, src/accelerate/commands/estimate.py,
+#   estimate_training_usage): for float32 the "Training using Adam" column is max(model, gradients,
+#   optimizer, step) = step = 4 x the fp32 model size = P * 16. We apply that fp32 rule to every case (for
+#   float16/bfloat16 the same function reports max(...) = optimizer = 2 x fp32 size = P * 8, lower still).
+# deepspeed: DeepSpeed's model-states estimate for ZeRO-2 on one GPU without offload
+#   (deepspeed/runtime/zero/stage_1_and_2.py, estimate_zero2_model_states_mem_needs; docs "Memory
+#   Requirements"): gpu_mem = 4 * P + int(16 * P / total_gpus) with total_gpus = 1, i.e. P * 20
+#   (fp16 params 2 + fp16 grads 2, fp32 master params, momentum and variance 4 + 4 + 4 = 12, and fp32
+#   grads 4 in its 16).
+# memtracker: torch.distributed._tools.mem_tracker.MemTracker entered inside FakeTensorMode around the
+#   same model build + prepare + two train_step calls the estimator traces; its peak snapshot's "Total",
+#   summed over devices. Compared against the RSS and against the exact allocated peak.
+
+
+def anchor_rule24(params: int) -> int:
+    return params * 24
+
+
+def anchor_accelerate(params: int) -> int:
+    return params * 4 * 4
+
+
+def anchor_deepspeed(params: int, total_gpus: int = 1) -> int:
+    return 4 * params + int(16 * params / total_gpus)
+
+
+def memtracker_peak(workload: str, args: dict[str, Any], batch: int, precision: str, optimizer: str) -> dict[str, Any]:
+    """Peak of PyTorch's MemTracker over build + 2 fake training steps (run in a child process)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from advisor.config import OptimizerKind, Precision
+    from advisor.training import prepare, train_step
+    from advisor.workload import load_workload
+
+    t0 = time.perf_counter()
+    wl = load_workload(workload, args)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode:
+        tracker = MemTracker()
+        with tracker:
+            torch.manual_seed(0)
+            model = wl.build_model()
+            ctx = prepare(model, wl.loss_fn, precision=Precision(precision), optimizer=OptimizerKind(optimizer),
+                          device_type="cpu", fake=True)
+            for _ in range(2):
+                batch_data = wl.make_batch(batch)
+                train_step(ctx, batch_data)
+                del batch_data
+                tracker.reset_mod_stats()  # MemTracker refuses a second forward of a module without this
+        snap = tracker.get_tracker_snapshot("peak")
+    total = sum(int(dev["Total"]) for dev in snap.values())
+    parts: dict[str, int] = {}
+    for dev in snap.values():
+        for k, v in dev.items():
+            name = getattr(k, "value", str(k))
+            if name != "Total":
+                parts[name] = parts.get(name, 0) + int(v)
+    return {"peak_bytes": total, "parts": parts, "seconds": time.perf_counter() - t0}
+
+
+def speed_child(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """estimate_memory once in this (fresh) process: wall time, CPU time, peak RSS, method."""
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    from advisor.estimate.estimator import estimate_memory
+
+    est = estimate_memory(**kwargs)
+    return {
+        "wall_s": time.perf_counter() - t0,  # includes importing advisor and torch
+        "cpu_s": time.process_time() - c0,
+        "estimate_seconds": est.seconds,  # the estimator's own timer (after imports)
+        "method": est.method,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "total_bytes": est.total_bytes,
+        "max_batch_size": est.max_batch_size,
+        "num_params": est.num_params,
+    }
+
+
+def _child(kind: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), f"--child-{kind}", json.dumps(payload)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"{kind} child failed (exit {proc.returncode}): {tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def rel(est: float | None, measured: float | None) -> float | None:
+    if est is None or not measured:
+        return None
+    return (est - measured) / measured
+
+
+def _median_int(xs: list[int]) -> int:
+    return int(statistics.median(xs))
+
+
+def case_key(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> str:
+    args = ",".join(f"{k}={v}" for k, v in sorted(wc.args.items()))
+    return f"{wc.workload}[{args}]|{precision}|{optimizer}|b{batch}"
+
+
+def _load_avg() -> list[float]:
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return []
+
+
+def source_fingerprint() -> dict[str, Any]:
+    """Where the imported advisor package lives and a hash of its sources (others may be editing them)."""
+    import hashlib
+
+    import advisor
+
+    pkg = Path(advisor.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(str(f.relative_to(pkg)).encode())
+        h.update(f.read_bytes())
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=pkg, check=False)
+    git_head = head.stdout.strip() or None
+    snap = pkg.parent / "SNAPSHOT_HEAD"  # a copy of the tree taken to run on while others edit the sources
+    if git_head is None and snap.exists():
+        git_head = snap.read_text().strip()[:9] + " + SNAPSHOT.diff"
+    return {"advisor_dir": str(pkg), "sha256": h.hexdigest()[:16], "git_head": git_head}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Part 1: accuracy cases
+
+
+def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool: ThreadPoolExecutor,
+             status) -> dict[str, Any]:
+    from advisor.estimate.estimator import estimate_memory
+    from advisor.measure import MeasureRequest, measure
+
+    rec: dict[str, Any] = {
+        "key": case_key(wc, precision, optimizer, batch), "kind": wc.kind, "workload": wc.workload,
+        "workload_args": wc.args, "precision": precision, "optimizer": optimizer, "batch_size": batch,
+        "errors": {}, "problems": [],
+    }
+    t0 = time.perf_counter()
+    req = dict(workload=wc.workload, workload_args=wc.args, batch_size=batch, precision=precision, optimizer=optimizer)
+    status("measuring (3 x rss, 1 x alloc, MemTracker)")
+    rss_f = [pool.submit(measure, MeasureRequest(**req, mode="rss")) for _ in range(3)]
+    alloc_f = pool.submit(measure, MeasureRequest(**req, mode="alloc"))
+    mt_f = pool.submit(_child, "memtracker", dict(workload=wc.workload, args=wc.args, batch=batch, precision=precision,
+                                                  optimizer=optimizer), 900.0)
+    rss_runs: list[int] = []
+    for f in rss_f:
+        try:
+            rss_runs.append(int(f.result().rss_delta_bytes))
+        except Exception as exc:  # noqa: BLE001 - record and go on
+            rec["problems"].append(f"rss measure: {exc}")
+    rec["rss_runs"] = rss_runs
+    rec["rss_bytes"] = _median_int(rss_runs) if rss_runs else None
+    try:
+        rec["alloc_bytes"] = int(alloc_f.result().alloc_peak_bytes)
+    except Exception as exc:  # noqa: BLE001
+        rec["alloc_bytes"] = None
+        rec["problems"].append(f"alloc measure: {exc}")
+    try:
+        mt = mt_f.result()
+        rec["memtracker_bytes"], rec["memtracker_parts"], rec["memtracker_seconds"] = mt["peak_bytes"], mt["parts"], mt["seconds"]
+    except Exception as exc:  # noqa: BLE001
+        rec["memtracker_bytes"] = None
+        rec["problems"].append(f"memtracker: {exc}")
+
+    status("estimating (trace + calibration runs)")
+    try:
+        est = estimate_memory(wc.workload, "cpu", batch, precision=precision, optimizer=optimizer,
+                              workload_args=wc.args, calibrate=True)
+        rec.update(est_total_bytes=est.total_bytes, est_allocated_bytes=est.allocated_bytes, method=est.method,
+                   calibrated=est.calibrated, num_params=est.num_params, est_seconds=est.seconds,
+                   breakdown=est.breakdown.model_dump(), notes=est.notes)
+    except Exception as exc:  # noqa: BLE001
+        rec.update(est_total_bytes=None, est_allocated_bytes=None, num_params=None)
+        rec["problems"].append(f"estimate: {type(exc).__name__}: {exc}")
+        rec["num_params"] = _count_params(wc)
+
+    p = rec.get("num_params")
+    if p:
+        rec["anchors"] = {"rule24": anchor_rule24(p), "accelerate": anchor_accelerate(p), "deepspeed": anchor_deepspeed(p)}
+    else:
+        rec["anchors"] = {}
+    rss, alloc = rec.get("rss_bytes"), rec.get("alloc_bytes")
+    e = rec["errors"]
+    e["ours_vs_rss"] = rel(rec.get("est_total_bytes"), rss)
+    e["ours_vs_alloc"] = rel(rec.get("est_allocated_bytes"), alloc)
+    for name, val in rec["anchors"].items():
+        e[f"{name}_vs_rss"] = rel(val, rss)
+    e["memtracker_vs_rss"] = rel(rec.get("memtracker_bytes"), rss)
+    e["memtracker_vs_alloc"] = rel(rec.get("memtracker_bytes"), alloc)
+    if rss is not None and not (0.2 * GB <= rss <= 3 * GB):
+        rec["problems"].append(f"measured RSS {rss / GB:.2f} GB is outside the 0.2-3 GB band")
+    rec["seconds"] = time.perf_counter() - t0
+    return rec
+
+
+def _count_params(wc: WorkloadCase) -> int | None:
+    try:
+        import torch
+
+        from advisor.workload import load_workload
+
+        with torch.device("meta"):
+            model = load_workload(wc.workload, wc.args).build_model()
+        return sum(p.numel() for p in model.parameters())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+ERROR_ROWS = [
+    ("ours_vs_rss", "ours (total) vs RSS"),
+    ("ours_vs_alloc", "ours (allocated) vs allocated peak"),
+    ("rule24_vs_rss", "24 B/param rule vs RSS"),
+    ("accelerate_vs_rss", "accelerate estimate-memory (16 B/param) vs RSS"),
+    ("deepspeed_vs_rss", "DeepSpeed ZeRO-2 1-GPU model states (20 B/param) vs RSS"),
+    ("memtracker_vs_rss", "MemTracker (FakeTensorMode) vs RSS"),
+    ("memtracker_vs_alloc", "MemTracker (FakeTensorMode) vs allocated peak"),
+]
+
+
+def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, label in ERROR_ROWS:
+        vals = [abs(c["errors"][key]) for c in cases if c.get("errors", {}).get(key) is not None]
+        row: dict[str, Any] = {"label": label, "n": len(vals),
+                               "median_abs": statistics.median(vals) if vals else None,
+                               "max_abs": max(vals) if vals else None}
+        signed = [c["errors"][key] for c in cases if c.get("errors", {}).get(key) is not None]
+        row["median_signed"] = statistics.median(signed) if signed else None
+        if key in GOALS:
+            gm, gx = GOALS[key]
+            row["goal_median"], row["goal_max"] = gm, gx
+            row["met"] = bool(vals) and row["median_abs"] <= gm and row["max_abs"] <= gx
+        out[key] = row
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Part 2: largest batch under a cap
+
+
+def run_max_batch(mc: MaxBatchCase, pool: ThreadPoolExecutor, status, quick: bool) -> dict[str, Any]:
+    from advisor.estimate.estimator import estimate_memory
+    from advisor.hardware import get_hardware
+    from advisor.measure import MeasureRequest, measure
+
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {"workload": mc.workload, "workload_args": mc.args, "precision": mc.precision,
+                           "optimizer": mc.optimizer, "cap_bytes": mc.cap_bytes, "hint_batch": mc.hint, "probes": {},
+                           "problems": []}
+    hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": mc.cap_bytes})
+    status(f"max batch {mc.workload}: estimating")
+    est = estimate_memory(mc.workload, hw, mc.hint, precision=mc.precision, optimizer=mc.optimizer,
+                          workload_args=mc.args, calibrate=True, margin=0.0)
+    ours = est.max_batch_size
+    rec.update(ours=ours, method=est.method, est_seconds=est.seconds)
+
+    probes: dict[int, list[int]] = {}
+    near = 0.03  # within 3% of the cap, one run is not enough to decide: take the median of 3
+
+    def fits(b: int) -> bool:
+        status(f"max batch {mc.workload}: measuring batch {b}")
+        req = MeasureRequest(workload=mc.workload, workload_args=mc.args, batch_size=b, precision=mc.precision,
+                             optimizer=mc.optimizer, mode="rss")
+        runs = probes.setdefault(b, [])
+        if not runs:
+            runs.append(int(measure(req).rss_delta_bytes))
+        # One run decides when it is clearly on one side of the cap; near it, take the median of 3.
+        if not quick and len(runs) < 3 and abs(runs[0] - mc.cap_bytes) <= near * mc.cap_bytes:
+            runs.extend(int(f.result().rss_delta_bytes) for f in [pool.submit(measure, req) for _ in range(3 - len(runs))])
+        rec["probes"][str(b)] = list(runs)
+        return _median_int(runs) <= mc.cap_bytes
+
+    tol = 0.10 if quick else 0.02
+    start = max(1, ours or mc.hint)
+    lo, hi = 0, None
+    if fits(start):
+        lo, b = start, start
+        while hi is None:
+            b = max(b + 1, int(b * 1.15))
+            if fits(b):
+                lo = b
+            else:
+                hi = b
+    else:
+        hi, b = start, start
+        while lo == 0 and b > 1:
+            b = max(1, min(b - 1, int(b * 0.85)))
+            if fits(b):
+                lo = b
+            else:
+                hi = b
+    while hi - lo > max(1, int(lo * tol)):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    # Settle whether ours itself fits when it lies inside the last bracket.
+    if ours and lo < ours < hi:
+        if fits(ours):
+            lo = ours
+        else:
+            hi = ours
+    rec.update(real=lo, real_upper=hi, real_exact=hi - lo <= 1)
+    rec["ratio"] = ours / lo if lo else None  # real >= lo, so ours / real <= this
+    rec["ratio_lower"] = ours / (hi - 1) if hi and hi - 1 > 0 else None  # real <= hi - 1, so ours / real >= this
+    rec["goal_met"] = rec["ratio"] is not None and 0.9 <= rec["ratio"] <= 1.0
+    rec["seconds"] = time.perf_counter() - t0
+    return rec
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Part 3: speed
+
+
+def run_speed(sc: SpeedCase) -> dict[str, Any]:
+    rec: dict[str, Any] = {"label": sc.label, "kwargs": sc.kwargs, "goal_s": sc.goal_s, "goal_rss_bytes": SPEED_RSS_GOAL,
+                           "load_avg_before": _load_avg()}
+    try:
+        rec.update(_child("speed", sc.kwargs, 900.0))
+        rec["goal_met"] = rec["estimate_seconds"] <= sc.goal_s and rec["peak_rss_bytes"] < SPEED_RSS_GOAL
+    except Exception as exc:  # noqa: BLE001
+        rec["problem"] = str(exc)
+        rec["goal_met"] = False
+    rec["load_avg_after"] = _load_avg()
+    return rec
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Output
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x * 100:+.1f}%"
+
+
+def _apct(x: float | None) -> str:
+    return "—" if x is None else f"{x * 100:.1f}%"
+
+
+def _gb(x: float | None) -> str:
+    return "—" if x is None else f"{x / GB:.3f}"
+
+
+CASE_COLUMNS = ["workload", "prec", "opt", "batch", "params (M)", "RSS GB", "alloc GB", "ours total GB", "ours vs RSS",
+                "ours alloc GB", "ours vs alloc", "24 B/p", "accelerate", "DeepSpeed", "MemTracker vs RSS",
+                "MemTracker vs alloc"]
+
+
+def case_row(c: dict[str, Any]) -> list[str]:
+    e = c.get("errors", {})
+    args = ",".join(f"{k}={v}" for k, v in c["workload_args"].items())
+    return [f"{c['workload']}" + (f" ({args})" if args else ""), c["precision"], c["optimizer"], str(c["batch_size"]),
+            "—" if not c.get("num_params") else f"{c['num_params'] / 1e6:.1f}",
+            _gb(c.get("rss_bytes")), _gb(c.get("alloc_bytes")), _gb(c.get("est_total_bytes")), _pct(e.get("ours_vs_rss")),
+            _gb(c.get("est_allocated_bytes")), _pct(e.get("ours_vs_alloc")), _pct(e.get("rule24_vs_rss")),
+            _pct(e.get("accelerate_vs_rss")), _pct(e.get("deepspeed_vs_rss")), _pct(e.get("memtracker_vs_rss")),
+            _pct(e.get("memtracker_vs_alloc"))]
+
+
+SUMMARY_COLUMNS = ["comparison", "n", "median |err|", "max |err|", "median (signed)", "goal", "met"]
+
+
+def summary_rows(summary: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for key, _ in ERROR_ROWS:
+        s = summary[key]
+        goal = f"median ≤ {s['goal_median'] * 100:.0f}%, max ≤ {s['goal_max'] * 100:.0f}%" if "goal_median" in s else ""
+        met = ("yes" if s["met"] else "NO") if "met" in s else ""
+        rows.append([s["label"], str(s["n"]), _apct(s["median_abs"]), _apct(s["max_abs"]), _pct(s["median_signed"]), goal, met])
+    return rows
+
+
+MB_COLUMNS = ["workload", "prec", "opt", "cap GB", "ours", "real (bisection)", "ours / real", "goal 0.9-1.0"]
+
+
+def mb_row(m: dict[str, Any]) -> list[str]:
+    if "ours" not in m or "real" not in m:
+        return [m["workload"], m["precision"], m["optimizer"], _gb(m["cap_bytes"]), str(m.get("ours", "—")), "—", "—",
+                "; ".join(m.get("problems", [])) or "—"]
+    args = ",".join(f"{k}={v}" for k, v in m["workload_args"].items())
+    real = str(m["real"]) if m.get("real_exact") else f"{m['real']} (< {m['real_upper']})"
+    return [m["workload"] + (f" ({args})" if args else ""), m["precision"], m["optimizer"], _gb(m["cap_bytes"]),
+            str(m["ours"]), real, "—" if m["ratio"] is None else f"{m['ratio']:.3f}" + (
+                f" (≥ {m['ratio_lower']:.3f})" if not m.get("real_exact") and m.get("ratio_lower") else ""),
+            "yes" if m["goal_met"] else "NO"]
+
+
+SPEED_COLUMNS = ["target", "method", "estimate s", "process wall s", "process CPU s", "peak RSS GB", "goal", "met"]
+
+
+def speed_row(s: dict[str, Any]) -> list[str]:
+    if "problem" in s:
+        return [s["label"], "—", "—", "—", "—", "—", f"≤ {s['goal_s']:.0f} s", "NO: " + s["problem"]]
+    return [s["label"], s["method"], f"{s['estimate_seconds']:.2f}", f"{s['wall_s']:.2f}", f"{s['cpu_s']:.2f}",
+            f"{s['peak_rss_bytes'] / GB:.3f}", f"≤ {s['goal_s']:.0f} s, < 1 GB", "yes" if s["goal_met"] else "NO"]
+
+
+def _md_table(columns: list[str], rows: list[list[str]]) -> str:
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(esc(c) for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(esc(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, results: dict[str, Any]) -> None:
+    meta = results["meta"]
+    parts = [
+        "# Estimator accuracy (bench/estimate_accuracy.py)", "",
+        f"Run {meta['started']} on {meta['host']} ({meta['cpu_count']} CPUs, torch {meta['torch']}), "
+        f"{'quick' if meta['quick'] else 'full'} mode, {len(results['cases'])} of {meta['planned_cases']} cases done"
+        f"{'' if meta.get('finished') else ' (in progress)'}. advisor sources: {meta['source']['advisor_dir']} "
+        f"(git {meta['source']['git_head']}, sha256 {meta['source']['sha256']})"
+        + (" — CHANGED during the run" if meta.get("source_changed_during_run") else "") + ".", "",
+        "Relative error = (estimate − measured) / measured. RSS = median of 3 fresh-process runs (peak ru_maxrss over "
+        "the RSS before build_model, after 3 optimizer steps); allocated = exact live-tensor peak from profiler memory "
+        "events. Anchors: 24 B/param folk rule; accelerate `estimate-memory` fp32 Adam rule (4 × fp32 model = 16 B/param, "
+        "applied to every case); DeepSpeed `estimate_zero2_model_states_mem_needs` on 1 GPU without offload "
+        "(4·P + 16·P = 20 B/param); PyTorch MemTracker under FakeTensorMode over the same build + 2 steps.", "",
+        "## Summary", "", _md_table(SUMMARY_COLUMNS, summary_rows(results["summary"])), "",
+        "## Cases (CPU, calibrate=True)", "", _md_table(CASE_COLUMNS, [case_row(c) for c in results["cases"]]), "",
+    ]
+    probs = [(c["key"], p) for c in results["cases"] for p in c.get("problems", [])]
+    if probs:
+        parts += ["Problems:", ""] + [f"- `{k}`: {p}" for k, p in probs] + [""]
+    if results.get("max_batch"):
+        parts += ["## Largest batch under a memory cap", "",
+                  "Ours: `estimate_memory(...).max_batch_size` for hardware 'cpu' with host memory = cap, margin 0. Real: "
+                  "bisection over batch sizes of measured RSS (median of up to 3 runs) ≤ cap.", "",
+                  _md_table(MB_COLUMNS, [mb_row(m) for m in results["max_batch"]]), ""]
+    if results.get("speed"):
+        parts += ["## Estimator speed (fresh process each)", "",
+                  "`estimate seconds` is MemoryEstimate.seconds (after imports); process wall/CPU include importing torch. "
+                  "The machine may be shared: compare CPU s with wall s.", "",
+                  _md_table(SPEED_COLUMNS, [speed_row(s) for s in results["speed"]]), ""]
+    _atomic_write(path, "\n".join(parts))
+
+
+def rich_tables(results: dict[str, Any]):
+    from rich.table import Table
+
+    tables = []
+    t = Table(title="Estimator accuracy: per case (CPU, calibrate=True)", show_lines=False)
+    for col in CASE_COLUMNS:
+        t.add_column(col, justify="left" if col in ("workload", "prec", "opt") else "right", no_wrap=col != "workload")
+    for c in results["cases"]:
+        row = case_row(c)
+        bad = c["errors"].get("ours_vs_rss") is not None and abs(c["errors"]["ours_vs_rss"]) > GOALS["ours_vs_rss"][1]
+        t.add_row(*row, style="red" if bad else None)
+    tables.append(t)
+    s = Table(title="Summary: |relative error| over cases")
+    for col in SUMMARY_COLUMNS:
+        s.add_column(col)
+    for row in summary_rows(results["summary"]):
+        s.add_row(*row, style="red" if row[-1] == "NO" else None)
+    tables.append(s)
+    if results.get("max_batch"):
+        m = Table(title="Largest batch under a memory cap")
+        for col in MB_COLUMNS:
+            m.add_column(col)
+        for mb in results["max_batch"]:
+            m.add_row(*mb_row(mb))
+        tables.append(m)
+    if results.get("speed"):
+        sp = Table(title="Estimator speed (fresh process each)")
+        for col in SPEED_COLUMNS:
+            sp.add_column(col)
+        for r in results["speed"]:
+            sp.add_row(*speed_row(r))
+        tables.append(sp)
+    return tables
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 workloads x 1 precision x 1 optimizer x 1 batch, a small "
+                    "max-batch check and one speed target: a smoke test")
+    ap.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/accuracy.json, "
+                    "accuracy-quick.json with --quick); the markdown goes beside it with a .md suffix")
+    ap.add_argument("--resume", action="store_true", help="keep the cases already in --out and run only the rest")
+    ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part)")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: accuracy, maxbatch, speed")
+    ap.add_argument("--render-only", action="store_true", help="rewrite the markdown and print the tables from --out")
+    ap.add_argument("--child-memtracker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-speed", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child_memtracker:
+        print(json.dumps(memtracker_peak(**json.loads(args.child_memtracker))))
+        return 0
+    if args.child_speed:
+        print(json.dumps(speed_child(json.loads(args.child_speed))))
+        return 0
+
+    import logging
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    logging.getLogger("advisor").setLevel(logging.ERROR)
+    import torch
+
+    console = Console() if sys.stdout.isatty() else Console(width=240)
+    out = args.out or ROOT / "bench" / "results" / ("accuracy-quick.json" if args.quick else "accuracy.json")
+    md = out.with_suffix(".md")
+    if args.render_only:
+        results = json.loads(out.read_text())
+        results["summary"] = summarize(results["cases"])
+        write_markdown(md, results)
+        for table in rich_tables(results):
+            console.print(table)
+        console.print(f"markdown: {md}")
+        return 0
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+
+    workloads = QUICK_WORKLOADS if args.quick else WORKLOADS
+    if args.only:
+        names = {n.strip() for n in args.only.split(",")}
+        workloads = [w for w in workloads if w.workload in names]
+    plan: list[tuple[WorkloadCase, str, str, int]] = []
+    if args.quick:
+        plan = [(wc, "fp32", "adamw", wc.batches[0]) for wc in workloads]
+    else:
+        # Every workload once before any gets its second configuration, so a partial run covers all kinds.
+        for bi in range(2):
+            for prec in PRECISIONS:
+                for opt in OPTIMIZERS:
+                    plan += [(wc, prec, opt, wc.batches[bi]) for wc in workloads]
+    if "accuracy" in skip:
+        plan = []
+    mb_plan = [] if "maxbatch" in skip else (QUICK_MAX_BATCH if args.quick else MAX_BATCH)
+    speed_plan = [] if "speed" in skip else (SPEED[2:] if args.quick else SPEED)
+
+    results: dict[str, Any] = {
+        "meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu_count": os.cpu_count(),
+                 "torch": torch.__version__, "python": platform.python_version(), "quick": args.quick,
+                 "planned_cases": len(plan), "argv": sys.argv[1:], "load_avg_start": _load_avg(), "finished": False,
+                 "source": source_fingerprint()},
+        "goals": GOALS, "cases": [], "summary": {}, "max_batch": [], "speed": [],
+    }
+    done: dict[str, dict[str, Any]] = {}
+    if args.resume and out.exists():
+        prev = json.loads(out.read_text())
+        done = {c["key"]: c for c in prev.get("cases", []) if c.get("est_total_bytes") and c.get("rss_bytes")}
+        if prev.get("max_batch"):
+            results["max_batch"] = [m for m in prev["max_batch"] if "real" in m]
+        if prev.get("speed"):
+            results["speed"] = [s for s in prev["speed"] if "problem" not in s]
+
+    def save() -> None:
+        results["summary"] = summarize(results["cases"])
+        _atomic_write(out, json.dumps(results, indent=1, default=str))
+        write_markdown(md, results)
+
+    t_start = time.perf_counter()
+    progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=console, transient=False)
+    mb_done = {(m["workload"], json.dumps(m["workload_args"], sort_keys=True)) for m in results["max_batch"]}
+    speed_done = {s["label"] for s in results["speed"]}
+    with progress, ThreadPoolExecutor(max_workers=2) as pool:
+        t_cases = progress.add_task("accuracy cases", total=len(plan), status="")
+        t_mb = progress.add_task("max batch", total=len(mb_plan), status="")
+        t_sp = progress.add_task("speed", total=len(speed_plan), status="")
+
+        for wc, prec, opt, b in plan:
+            key = case_key(wc, prec, opt, b)
+            if key in done:
+                results["cases"].append(done[key])
+                progress.advance(t_cases)
+                continue
+            label = f"{wc.workload} {prec} {opt} b={b}"
+            progress.update(t_cases, status=label)
+
+            def status(msg: str, _label=label) -> None:
+                progress.update(t_cases, status=f"{_label}: {msg}")
+
+            try:
+                rec = run_case(wc, prec, opt, b, pool, status)
+            except Exception as exc:  # noqa: BLE001 - a benchmark goes on past one broken case
+                rec = {"key": key, "kind": wc.kind, "workload": wc.workload, "workload_args": wc.args, "precision": prec,
+                       "optimizer": opt, "batch_size": b, "errors": {}, "problems": [f"case failed: {type(exc).__name__}: {exc}"]}
+            results["cases"].append(rec)
+            e = rec["errors"]
+            progress.console.print(
+                f"{label}: RSS {_gb(rec.get('rss_bytes'))} GB (runs {', '.join(_gb(x) for x in rec.get('rss_runs', []))}), "
+                f"ours {_gb(rec.get('est_total_bytes'))} ({_pct(e.get('ours_vs_rss'))}); alloc {_gb(rec.get('alloc_bytes'))}, "
+                f"ours {_gb(rec.get('est_allocated_bytes'))} ({_pct(e.get('ours_vs_alloc'))}); MemTracker "
+                f"{_pct(e.get('memtracker_vs_alloc'))} vs alloc; {rec.get('seconds', 0):.0f} s"
+                + (f" [red]problems: {'; '.join(rec['problems'])}[/red]" if rec.get("problems") else ""),
+                highlight=False)
+            save()
+            progress.advance(t_cases)
+        progress.update(t_cases, status="done")
+
+        for mc in mb_plan:
+            if (mc.workload, json.dumps(mc.args, sort_keys=True)) in mb_done:
+                progress.advance(t_mb)
+                continue
+
+            def status(msg: str) -> None:
+                progress.update(t_mb, status=msg)
+
+            try:
+                m = run_max_batch(mc, pool, status, args.quick)
+            except Exception as exc:  # noqa: BLE001
+                m = {"workload": mc.workload, "workload_args": mc.args, "precision": mc.precision,
+                     "optimizer": mc.optimizer, "cap_bytes": mc.cap_bytes, "problems": [f"{type(exc).__name__}: {exc}"]}
+            results["max_batch"].append(m)
+            progress.console.print(f"max batch {mc.workload} under {mc.cap_bytes / GB:.2f} GB: ours {m.get('ours')}, real "
+                                   f"{m.get('real')}..{m.get('real_upper')}, ratio {m.get('ratio')}", highlight=False)
+            save()
+            progress.advance(t_mb)
+        progress.update(t_mb, status="done")
+
+        for sc in speed_plan:
+            if sc.label in speed_done:
+                progress.advance(t_sp)
+                continue
+            progress.update(t_sp, status=sc.label)
+            r = run_speed(sc)
+            results["speed"].append(r)
+            progress.console.print(f"speed {sc.label}: {r.get('method')} {r.get('estimate_seconds', float('nan')):.2f} s, "
+                                   f"peak RSS {r.get('peak_rss_bytes', 0) / GB:.3f} GB" + (f" {r['problem']}" if 'problem' in r else ""),
+                                   highlight=False)
+            save()
+            progress.advance(t_sp)
+        progress.update(t_sp, status="done")
+
+    results["meta"]["finished"] = True
+    results["meta"]["seconds"] = time.perf_counter() - t_start
+    results["meta"]["load_avg_end"] = _load_avg()
+    end_src = source_fingerprint()
+    if end_src["sha256"] != results["meta"]["source"]["sha256"]:
+        results["meta"]["source_changed_during_run"] = end_src
+        console.print(f"[red]warning: the advisor sources in {end_src['advisor_dir']} changed during the run; "
+                      "results mix versions (run from a snapshot copy to avoid this)[/red]")
+    save()
+    for table in rich_tables(results):
+        console.print(table)
+    console.print(f"results: {out}  markdown: {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

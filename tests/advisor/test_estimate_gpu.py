@@ -1,0 +1,35 @@
+"""Estimates for a CUDA target against real CUDA peaks (DESIGN.md): needs a GPU, skipped without one."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.config import Precision
+from advisor.measure import MeasureRequest, measure
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _need_gpu():
+    if not _cuda_available():
+        pytest.skip("no CUDA GPU on this machine: the CUDA estimate is checked only where one exists")
+
+
+@pytest.mark.parametrize("workload,batch,precision", [("gpt2-small", 4, Precision.bf16), ("resnet50", 32, Precision.fp32)])
+def test_cuda_estimate_within_12_percent_of_measured(workload, batch, precision):
+    from advisor.estimate import estimate_memory
+    from advisor.hardware import get_hardware
+
+    hw = get_hardware("local")
+    est = estimate_memory(workload, hw, batch, precision=precision)
+    real = measure(MeasureRequest(workload=workload, batch_size=batch, precision=precision, mode="cuda"))
+    assert est.predicts == "cuda_reserved"
+    assert abs(est.allocated_bytes - real.alloc_peak_bytes) / real.alloc_peak_bytes < 0.12
+    assert abs(est.total_bytes - real.cuda_reserved_bytes) / real.cuda_reserved_bytes < 0.12
