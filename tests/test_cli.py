@@ -1,0 +1,161 @@
+"""The `advisor` command line, run as a real subprocess: JSON and table output, one-line errors
+with exit 2 for every user mistake, the real-step fallback for untraceable models, and listings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = {"parameters", "gradients", "optimizer_state", "activations", "temporaries", "overhead"}
+
+
+def advisor(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "80"}  # what a pipe gets: rich's default width
+    proc = subprocess.run([sys.executable, "-m", "advisor.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def assert_one_line_usage_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def workload_files(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("workloads")
+    (d / "import_error.py").write_text('raise ImportError("needs the package flux_capacitor")\n')
+    (d / "build_error.py").write_text('def build():\n    raise RuntimeError("dataset path not set")\n')
+    (d / "data_dependent.py").write_text('''\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from advisor import Workload
+
+
+class Gated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 64)
+        self.b = nn.Linear(64, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:  # data-dependent control flow: fake tensors cannot decide it
+            h = torch.relu(h)
+        return self.b(h)
+
+
+def build():
+    def make_batch(n):
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(n, 32, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+    return Workload(name="gated", build_model=Gated, make_batch=make_batch,
+                    loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]))
+''')
+    return d
+
+
+def test_estimate_json_has_the_documented_keys() -> None:
+    proc = advisor("estimate", "-w", "tiny-mlp", "-H", "cpu", "--no-calibrate", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("total_bytes", "allocated_bytes", "breakdown", "fits", "device_memory_bytes", "max_batch_size",
+                "predicts"):
+        assert key in out, key
+    assert set(out["breakdown"]) == PARTS
+    assert sum(out["breakdown"].values()) == out["total_bytes"]
+    assert out["predicts"] == "cpu_rss"
+    assert out["fits"] is True and out["max_batch_size"] > 0
+    assert out["calibrated"] is False
+
+
+def test_estimate_table_names_the_largest_batch() -> None:
+    proc = advisor("estimate", "-w", "tiny-mlp", "-H", "h100-sxm")
+    assert proc.returncode == 0, proc.stderr
+    assert "largest batch" in proc.stdout
+    assert "cuda_reserved" in proc.stdout
+
+
+def test_unknown_preset_is_one_line_listing_valid_names() -> None:
+    line = assert_one_line_usage_error(advisor("estimate", "-w", "gpt5-huge", "-H", "cpu", "--no-calibrate"))
+    assert "valid" in line and "gpt5-huge" in line and "gpt2-small" in line
+
+
+def test_unknown_hardware_is_one_line() -> None:
+    line = assert_one_line_usage_error(advisor("estimate", "-w", "tiny-mlp", "-H", "h900-sxm", "--no-calibrate"))
+    assert "h900-sxm" in line and "h100-sxm" in line
+
+
+def test_workload_file_failing_at_import_is_one_line_naming_it(workload_files: Path) -> None:
+    path = workload_files / "import_error.py"
+    line = assert_one_line_usage_error(advisor("estimate", "-w", f"{path}:build", "-H", "cpu", "--no-calibrate"))
+    assert str(path) in line and "ImportError" in line and "flux_capacitor" in line
+
+
+def test_workload_build_raising_is_one_line(workload_files: Path) -> None:
+    path = workload_files / "build_error.py"
+    line = assert_one_line_usage_error(advisor("estimate", "-w", f"{path}:build", "-H", "cpu", "--no-calibrate"))
+    assert "build()" in line and "dataset path not set" in line
+
+
+def test_zero_batch_size_is_one_line() -> None:
+    line = assert_one_line_usage_error(advisor("estimate", "-w", "tiny-mlp", "-H", "cpu", "--batch-size", "0"))
+    assert "--batch-size" in line and "positive" in line
+
+
+def test_unknown_precision_is_one_line_listing_allowed() -> None:
+    line = assert_one_line_usage_error(advisor("estimate", "-w", "tiny-mlp", "-H", "cpu", "--precision", "fp64"))
+    assert "fp64" in line
+    for allowed in ("fp32", "bf16", "fp16", "bf16-pure"):
+        assert allowed in line
+
+
+def test_data_dependent_model_falls_back_to_real_steps(workload_files: Path) -> None:
+    path = workload_files / "data_dependent.py"
+    proc = advisor("estimate", "-w", f"{path}:build", "-H", "cpu", "--no-calibrate", "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["method"] == "measured"
+    notes = " ".join(out["notes"])
+    assert "fell back" in notes and "real steps" in notes
+    assert out["allocated_bytes"] > 0 and sum(out["breakdown"].values()) == out["total_bytes"]
+
+
+def test_workloads_lists_presets() -> None:
+    proc = advisor("workloads")
+    assert proc.returncode == 0, proc.stderr
+    names = proc.stdout.split()
+    assert "gpt2-small" in names and "tiny-mlp" in names
+
+
+def test_hardware_lists_catalog() -> None:
+    proc = advisor("hardware")
+    assert proc.returncode == 0, proc.stderr
+    assert "h100-sxm" in proc.stdout
+
+
+def test_hardware_table_shows_every_name_in_full() -> None:
+    from advisor.hardware import CATALOG
+
+    proc = advisor("hardware")
+    assert proc.returncode == 0, proc.stderr
+    missing = [name for name in CATALOG if name not in proc.stdout]
+    assert not missing, missing
+
+
+def test_hardware_json_lists_catalog() -> None:
+    proc = advisor("hardware", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert {"h100-sxm", "a100-80gb", "tiny", "cpu"} <= set(json.loads(proc.stdout))
