@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from advisor.config import OptimizerKind, Precision, Strategy, choices
 from advisor.errors import AdvisorError, SpecError
@@ -91,12 +91,17 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         wargs["seq_len"] = args.seq_len
     if args.margin is not None and not 0 <= args.margin < 1:
         raise SpecError(f"--margin {args.margin} is not allowed; give a fraction in [0, 1)")
-    est = estimate_memory(args.workload, args.hardware, args.batch_size, precision=args.precision,
-                          optimizer=args.optimizer, strategy=args.strategy, checkpointing=args.checkpointing,
-                          fused_backward=args.fused_backward, offload_optimizer=args.offload_optimizer,
-                          offload_params=args.offload_params, optimizer_impl=args.optimizer_impl,
-                          workload_args=wargs, calibrate=False if args.no_calibrate else None,
-                          margin=args.margin, method=args.method)
+    from rich.console import Console
+
+    # A spinner on stderr while tracing and (on this CPU) the calibration runs go on; JSON stays clean.
+    with Console(stderr=True).status(f"estimating {args.workload} on {args.hardware} (tracing; on this CPU, "
+                                     "short calibration runs)"):
+        est = estimate_memory(args.workload, args.hardware, args.batch_size, precision=args.precision,
+                              optimizer=args.optimizer, strategy=args.strategy, checkpointing=args.checkpointing,
+                              fused_backward=args.fused_backward, offload_optimizer=args.offload_optimizer,
+                              offload_params=args.offload_params, optimizer_impl=args.optimizer_impl,
+                              workload_args=wargs, calibrate=False if args.no_calibrate else None,
+                              margin=args.margin, method=args.method)
     if args.json:
         print(est.model_dump_json(indent=2))
     else:
@@ -158,10 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("advisor: interrupted", file=sys.stderr)
         return 130
-
-
-def _json_default(obj: Any) -> Any:
-    return str(obj)
+    except BrokenPipeError:  # e.g. `advisor ... | head`: the reader left; nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

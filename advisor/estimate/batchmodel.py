@@ -18,7 +18,7 @@ from advisor.estimate.trace import Trace
 
 @dataclass
 class BatchModel:
-    """Trace(b) for any batch b, from traces at a and c (or by tracing each query)."""
+    """Trace(b) for any batch b, from traces at a and c (c may be below a)."""
 
     a: int
     trace_a: Trace
@@ -49,7 +49,8 @@ class BatchModel:
         f = (b - self.a) / (self.c - self.a)
         sizes = np.rint(ta.sizes + f * (tc.sizes - ta.sizes)).astype(np.int64)
         curve = np.rint(ta.curve + f * (tc.curve - ta.curve)).astype(np.int64)
-        return replace(ta, sizes=sizes, curve=curve, flops_per_step=int(round(ta.flops_per_step + f * (tc.flops_per_step - ta.flops_per_step))))
+        # FLOPs scale with the batch (the second trace does not count them, to save time)
+        return replace(ta, sizes=sizes, curve=curve, flops_per_step=int(round(ta.flops_per_step * b / self.a)))
 
     def _peaks_at(self, b: int) -> Trace:
         """Two traces whose op sequences differ (data-dependent graphs): interpolate their peak rows."""

@@ -4,6 +4,8 @@ Two kinds of fresh-process runs (advisor.measure), at batch sizes at most half t
 - `trace`: the estimator's tracer on real tensors, so real kernels pick their own paths. Where
   real and fake traces disagree (a kernel keeps a workspace fake tensors cannot know of, such as
   oneDNN's RNN), the real traces replace the fake ones, extrapolated per allocation in batch size.
+- `alloc`: the exact live-bytes peak from the profiler's allocator events, which also sees buffers
+  kernels allocate inside themselves; the excess over the trace scales with the transient bytes.
 - `rss`: DESIGN.md's resident-set protocol. The peak resident set beyond the persistent tensors
   is fitted as affine in the transient peak of the same batch (see overhead.py for why).
 The same real traces stand in for the fake one for a model that cannot be traced at all.
@@ -22,6 +24,7 @@ import numpy as np
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CpuCalibration
+from advisor.estimate.strategy import persistent_transient, scaled_curve
 from advisor.estimate.trace import ACTIVATIONS, INPUTS, Trace, load_trace
 from advisor.measure import MeasureRequest, MeasureResult, measure
 
@@ -53,7 +56,9 @@ def _run_parallel(jobs: dict[Any, MeasureRequest]) -> dict[Any, MeasureResult]:
 
 
 def _trace_batches(batch: int) -> tuple[int, int]:
-    hi = max(2, batch // 4)
+    """Real traces at a quarter and a half of the batch: the closer to the full batch, the likelier
+    kernels take the paths they will take there (oneDNN picks RNN and conv algorithms by shape)."""
+    hi = max(2, batch // 2)
     return (max(1, hi // 2), hi)
 
 
@@ -98,13 +103,19 @@ def _fit(transient: list[int], extra: list[float]) -> tuple[float, float]:
 def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel) -> tuple[Calibration, BatchModel]:
     """Fit the CPU runtime overhead; returns it and the batch model to use (fake, or real traces)."""
     rss_batches = calibration_batches(req.batch_size)
-    rss_jobs = {("rss", b): _request(spec, args, req, b, "rss") for b in rss_batches}
-    real_bm, res = real_batch_model(spec, args, req, _trace_batches(req.batch_size), rss_jobs)
+    trace_batches = _trace_batches(req.batch_size)
+    jobs = {("rss", b): _request(spec, args, req, b, "rss") for b in rss_batches}
+    jobs[("alloc", trace_batches[1])] = _request(spec, args, req, trace_batches[1], "alloc")
+    real_bm, res = real_batch_model(spec, args, req, trace_batches, jobs)
     use_real = not all(_agree(bm.at(b), real_bm.at(b)) for b in (real_bm.a, real_bm.c))
     chosen = real_bm if use_real else bm
-    from advisor.estimate.strategy import persistent_transient, scaled_curve
-
+    hi = trace_batches[1]
+    _, transient_hi = persistent_transient(scaled_curve(req, chosen.at(hi), 1))
+    hidden = max(0, (res[("alloc", hi)].alloc_peak_bytes or 0) - chosen.at(hi).peak_bytes)
+    ratio = hidden / transient_hi if transient_hi else 0.0
     split = [persistent_transient(scaled_curve(req, chosen.at(b), 1)) for b in rss_batches]
+    split = [(p, int(t * (1 + ratio))) for p, t in split]
     extra = [res[("rss", b)].rss_delta_bytes - p for b, (p, _) in zip(rss_batches, split)]
     intercept, slope = _fit([t for _, t in split], extra)
-    return Calibration(intercept=intercept, slope=slope, batches=rss_batches, used_real_traces=use_real), chosen
+    return Calibration(intercept=intercept, slope=slope, hidden_ratio=ratio, batches=rss_batches,
+                       used_real_traces=use_real), chosen

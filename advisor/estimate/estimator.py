@@ -42,7 +42,11 @@ class _Evaluator:
         curve = scaled_curve(req, tr, self.hw.world_size)
         allocated, parts = peak_breakdown(curve)
         if self.hw.device_type == "cpu":
-            ov = cpu_overhead(allocated, *persistent_transient(curve), self.calib)
+            persistent, transient = persistent_transient(curve)
+            hidden = self.calib.hidden(transient) if self.calib else 0
+            allocated += hidden  # kernels' own buffers, seen only by real runs: counted as temporaries
+            parts["temporaries"] += hidden
+            ov = cpu_overhead(allocated, persistent, transient + hidden, self.calib)
         else:
             ov = cuda_overhead(tr, allocated)
         return tr, allocated, parts, ov
@@ -76,17 +80,16 @@ def _batch_model(wl: Workload, req: EstimateRequest) -> BatchModel:
     kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
               fused_backward=req.fused_backward, optimizer_impl=req.optimizer_impl)
 
-    def retrace(b: int) -> Trace:
-        return trace_training(wl, b, **kw)
+    def retrace(b: int, flops: bool = True) -> Trace:
+        return trace_training(wl, b, count_flops=flops, **kw)
 
     a = req.batch_size
     if a == 1:
         # Batch 1 often takes other kernels' paths (e.g. matmuls folded differently) than larger
         # batches, so it is traced exactly and the batch scaling comes from traces at 2 and 4.
-        return BatchModel(a=2, trace_a=retrace(2), c=4, trace_c=retrace(4), exact={1: retrace(1)})
+        return BatchModel(a=2, trace_a=retrace(2), c=4, trace_c=retrace(4, False), exact={1: retrace(1)})
     c = a * 2 if a < 4 else a // 2
-    lo, hi = sorted((a, c))
-    return BatchModel(a=lo, trace_a=retrace(lo), c=hi, trace_c=retrace(hi))
+    return BatchModel(a=a, trace_a=retrace(a), c=c, trace_c=retrace(c, False))
 
 
 def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batch_size: int | None = None, *,

@@ -30,9 +30,14 @@ class CpuCalibration:
 
     intercept: float  # bytes
     slope: float  # resident bytes per transient live byte
+    hidden_ratio: float = 0.0  # live bytes kernels allocate inside themselves, per transient byte
 
     def resident(self, persistent: int, transient: int) -> int:
         return int(persistent + self.slope * transient + self.intercept)
+
+    def hidden(self, transient: int) -> int:
+        """Kernel-internal buffers (oneDNN scratchpads, RNN workspaces) at this transient peak (bytes)."""
+        return int(self.hidden_ratio * transient)
 
 
 # Uncalibrated default: the middle of what small-batch runs of the presets measured here

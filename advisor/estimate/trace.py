@@ -111,8 +111,11 @@ def _dispatch_mode(tracker: _Tracker):
             if (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
                     and args[0].untyped_storage()._cdata in tracker.param_keys):
                 category = PARAM_COPIES
-            for t in tree_flatten(out)[0]:
-                tracker.track(t, category)
+            if isinstance(out, torch.Tensor):  # the common case, without pytree's cost
+                tracker.track(out, category)
+            else:
+                for t in tree_flatten(out)[0]:
+                    tracker.track(t, category)
             if tracker.count_flops and func.overloadpacket in flop_registry:
                 tracker.flops += int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
             return out
@@ -147,7 +150,7 @@ def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def trace_training(workload: Workload, batch_size: int, *, precision: Precision, optimizer: OptimizerKind,
                    checkpointing: bool = False, fused_backward: bool = False, optimizer_impl: str | None = None,
-                   fake: bool = True) -> Trace:
+                   fake: bool = True, count_flops: bool = True) -> Trace:
     """Build `workload` and run two full training steps, recording memory.
 
     fake=True (the estimator): on fake tensors, nothing allocated. fake=False: on real CPU
@@ -187,7 +190,7 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
                 batch = _fakeify(batch, fake_mode) if fake_mode else batch
                 for t in torch.utils._pytree.tree_flatten(batch)[0]:
                     tracker.track(t)
-                tracker.count_flops = it == 0
+                tracker.count_flops = count_flops and it == 0
 
                 def on_phase(name: str) -> None:
                     nonlocal grad_bytes

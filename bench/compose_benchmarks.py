@@ -1,0 +1,46 @@
+#!/usr/bin/env python
+"""Write BENCHMARKS.md from the markdown that bench/estimate_accuracy.py leaves in bench/results/.
+
+    .venv/bin/python bench/compose_benchmarks.py
+
+The results folder is not committed; BENCHMARKS.md is the record (command, machine, date, tables).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+HEADER = ROOT / "bench" / "BENCHMARKS.header.md"
+
+
+def _section(md: Path, title: str) -> str:
+    """The part of a results markdown from heading `title` to the next '## ' heading."""
+    if not md.exists():
+        return f"_{md.name} not found: run the command above._\n"
+    text = md.read_text()
+    start = text.find(f"## {title}")
+    if start < 0:
+        return f"_no '{title}' section in {md.name}_\n"
+    end = text.find("\n## ", start + 3)
+    return text[start:end if end > 0 else None].strip() + "\n"
+
+
+def main() -> int:
+    acc = RESULTS / "accuracy.md"
+    parts = [HEADER.read_text().strip() + "\n"]
+    if acc.exists():
+        parts.append("### Run\n\n" + acc.read_text().splitlines()[2] + "\n")
+    parts.append(_section(acc, "Summary"))
+    parts.append(_section(acc, "Cases"))
+    parts.append(_section(RESULTS / "speed.md", "Estimator speed"))
+    parts.append(_section(RESULTS / "accuracy-quick.md", "Largest batch under a memory cap"))
+    (ROOT / "BENCHMARKS.md").write_text("\n".join(parts))
+    print(ROOT / "BENCHMARKS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
