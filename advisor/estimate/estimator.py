@@ -107,7 +107,6 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     from advisor.settings import get_settings
 
     t0 = time.perf_counter()
-    settings = get_settings()
     wl, hw = _resolve(workload, hardware, workload_args)
     batch = wl.default_batch_size if batch_size is None else batch_size
     if batch <= 0:
@@ -122,43 +121,14 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     if req.strategy != Strategy.single and hw.world_size < 2:
         raise SpecError(f"strategy {req.strategy.value} needs 2+ devices; give e.g. --hardware {hw.accelerator.name}:8")
     notes: list[str] = [hw.note] if hw.note else []
-    margin = settings.memory_margin if margin is None else margin
+    margin = get_settings().memory_margin if margin is None else margin
     usable = int(hw.memory_per_device_bytes * (1 - margin))
 
-    if method == "analytic" or (method == "auto" and wl.decoder is not None and _decoder_params(wl) > settings.trace_param_limit):
-        from advisor.estimate.analytic import analytic_trace
-
-        bm = BatchModel(a=batch, trace_a=analytic_trace(wl, batch, req), retrace=lambda b: analytic_trace(wl, b, req))
-        used = "analytic"
-        notes.append("analytic: per-layer decoder formulas (Korthikanti et al. 2022); model too large to trace quickly")
-    else:
-        try:
-            bm = _batch_model(wl, req)
-            used = "traced"
-        except EstimateError as exc:
-            if not isinstance(workload, str):
-                raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "
-                                    "so give its preset name or file.py:build to fall back to real steps") from exc
-            from advisor.estimate.calibrate import real_batch_model
-
-            notes.append(f"{exc}; fell back to real steps at batch 1 and 2 on this CPU, traced on real tensors")
-            bm, _ = real_batch_model(workload, workload_args or {}, req, (1, 2))
-            used = "measured"
-
+    bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes)
     calib = None
-    do_cal = settings.calibrate if calibrate is None else calibrate
+    do_cal = get_settings().calibrate if calibrate is None else calibrate
     if hw.device_type == "cpu" and hw.is_local and do_cal and used != "analytic":
-        if not isinstance(workload, str):
-            notes.append("not calibrated: a workload passed as an object cannot be run in a fresh process")
-        else:
-            from advisor.estimate.calibrate import calibrate_cpu
-
-            calib, bm = calibrate_cpu(workload, workload_args or {}, req, bm)
-            notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}: "
-                         f"resident = persistent + {calib.slope:.2f} x transient + {calib.intercept / 2**20:.0f} MiB")
-            if calib.used_real_traces:
-                notes.append("real kernels allocate differently from the fake trace here (e.g. a workspace): "
-                             "using traces of real steps at small batch sizes, extrapolated per allocation")
+        calib, bm = _calibrate(workload, workload_args, req, bm, notes)
 
     ev = _Evaluator(hw, req, bm, calib)
     tr, allocated, parts, ov = ev.at(batch)
@@ -184,6 +154,48 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         max_batch_size=by_strategy.get(req.strategy.value, ev.max_batch(usable)), max_batch_by_strategy=by_strategy,
         method=used, calibrated=calib is not None, num_params=tr.num_params, flops_per_step=tr.flops_per_step,
         predicted_step_s=step_s, predicted_samples_per_s=samples_s, notes=notes, seconds=time.perf_counter() - t0)
+
+
+def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: dict[str, Any] | None,
+                        req: EstimateRequest, method: str, notes: list[str]) -> tuple[BatchModel, str]:
+    """Formulas, a fake-tensor trace, or (untraceable model) real-tensor traces at batch 1 and 2."""
+    from advisor.settings import get_settings
+
+    limit = get_settings().trace_param_limit
+    if method == "analytic" or (method == "auto" and wl.decoder is not None and _decoder_params(wl) > limit):
+        from advisor.estimate.analytic import analytic_trace
+
+        notes.append("analytic: per-layer decoder formulas (Korthikanti et al. 2022); model too large to trace quickly")
+        return BatchModel(a=req.batch_size, trace_a=analytic_trace(wl, req.batch_size, req),
+                          retrace=lambda b: analytic_trace(wl, b, req)), "analytic"
+    try:
+        return _batch_model(wl, req), "traced"
+    except EstimateError as exc:
+        if not isinstance(workload, str):
+            raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "
+                                "so give its preset name or file.py:build to fall back to real steps") from exc
+        from advisor.estimate.calibrate import real_batch_model
+
+        notes.append(f"{exc}; fell back to real steps at batch 1 and 2 on this CPU, traced on real tensors")
+        bm, _ = real_batch_model(workload, workload_args or {}, req, (1, 2))
+        return bm, "measured"
+
+
+def _calibrate(workload: Workload | str, workload_args: dict[str, Any] | None, req: EstimateRequest,
+               bm: BatchModel, notes: list[str]) -> tuple[CpuCalibration | None, BatchModel]:
+    """Short real runs on this CPU (see calibrate.py); a workload object cannot run in a fresh process."""
+    if not isinstance(workload, str):
+        notes.append("not calibrated: a workload passed as an object cannot be run in a fresh process")
+        return None, bm
+    from advisor.estimate.calibrate import calibrate_cpu
+
+    calib, bm = calibrate_cpu(workload, workload_args or {}, req, bm)
+    notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}: "
+                 f"resident = persistent + {calib.slope:.2f} x transient + {calib.intercept / 2**20:.0f} MiB")
+    if calib.used_real_traces:
+        notes.append("real kernels allocate differently from the fake trace here (e.g. a workspace): "
+                     "using traces of real steps at small batch sizes, extrapolated per allocation")
+    return calib, bm
 
 
 def _decoder_params(wl: Workload) -> int:
