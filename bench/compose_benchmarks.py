@@ -8,6 +8,7 @@ The results folder is not committed; BENCHMARKS.md is the record (command, machi
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -32,7 +33,10 @@ def main() -> int:
     acc = RESULTS / "accuracy.md"
     parts = [HEADER.read_text().strip() + "\n"]
     if acc.exists():
-        parts.append("### Run\n\n" + acc.read_text().splitlines()[2] + "\n")
+        run = acc.read_text().splitlines()[2]
+        # the snapshot folder is a path on the benchmarking machine: keep only the source hash
+        run = re.sub(r"advisor sources: \S+ \(git [^,]*,", "advisor sources: a snapshot of the tree (source", run)
+        parts.append("### Run\n\n" + run + "\n")
     parts.append(_section(acc, "Summary"))
     parts.append(_section(acc, "Cases"))
     parts.append(_section(RESULTS / "speed.md", "Estimator speed"))
