@@ -36,7 +36,7 @@ def main() -> int:
         run = acc.read_text().splitlines()[2]
         # the snapshot folder is a path on the benchmarking machine: keep only the source hash
         run = re.sub(r"advisor sources: \S+ \(git [^,]*,", "advisor sources: a snapshot of the tree (source", run)
-        parts.append("### Run\n\n" + run + "\n")
+        parts.append("### Run\n\n" + run.replace("(in progress)", "(stopped there)") + "\n")
     parts.append(_section(acc, "Summary"))
     parts.append(_section(acc, "Cases"))
     parts.append(_section(RESULTS / "speed.md", "Estimator speed"))
