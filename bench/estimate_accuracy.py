@@ -583,6 +583,17 @@ def write_markdown(path: Path, results: dict[str, Any]) -> None:
     _atomic_write(path, "\n".join(parts))
 
 
+def _table(title: str, columns, rows):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def rich_tables(results: dict[str, Any]):
     from rich.table import Table
 
@@ -602,19 +613,9 @@ def rich_tables(results: dict[str, Any]):
         s.add_row(*row, style="red" if row[-1] == "NO" else None)
     tables.append(s)
     if results.get("max_batch"):
-        m = Table(title="Largest batch under a memory cap")
-        for col in MB_COLUMNS:
-            m.add_column(col)
-        for mb in results["max_batch"]:
-            m.add_row(*mb_row(mb))
-        tables.append(m)
+        tables.append(_table("Largest batch under a memory cap", MB_COLUMNS, map(mb_row, results["max_batch"])))
     if results.get("speed"):
-        sp = Table(title="Estimator speed (fresh process each)")
-        for col in SPEED_COLUMNS:
-            sp.add_column(col)
-        for r in results["speed"]:
-            sp.add_row(*speed_row(r))
-        tables.append(sp)
+        tables.append(_table("Estimator speed (fresh process each)", SPEED_COLUMNS, map(speed_row, results["speed"])))
     return tables
 
 

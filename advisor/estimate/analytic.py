@@ -86,6 +86,6 @@ def analytic_trace(wl: Workload, batch: int, req: EstimateRequest) -> Trace:
     curve[2, STEP_TEMPS] = 2 * max(block, d.vocab * d.hidden * p_bytes)  # for-loop step: temporaries of one tensor
     sizes = np.asarray([int(curve[i].sum()) for i in range(3)], dtype=np.int64)
     flops = 6 * n * tokens + 12 * d.layers * d.hidden * d.seq_len * tokens  # Kaplan et al. 2020 + attention
-    return Trace(curve=curve, sizes=sizes, ids=np.arange(3, dtype=np.int64), phases=[(0, "analytic")],
+    return Trace(curve=curve, sizes=sizes, ids=np.arange(3, dtype=np.int64),
                  param_bytes=params, grad_bytes=grads, opt_state_bytes=state, largest_block_bytes=block,
                  flops_per_step=int(flops), num_params=n, seconds=0.0, synthetic=True)

@@ -9,6 +9,7 @@ graph depends on the batch), the two traces' peak moments are interpolated inste
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -27,8 +28,8 @@ class BatchModel:
     retrace: Callable[[int], Trace] | None = None
     exact: dict[int, Trace] = field(default_factory=dict)  # batch sizes traced on their own
 
-    @property
-    def affine(self) -> bool:
+    @cached_property
+    def affine(self) -> bool:  # computed once: at() runs for every step of the max-batch search
         ta, tc = self.trace_a, self.trace_c
         return tc is not None and len(ta.ids) == len(tc.ids) and bool(np.array_equal(ta.ids, tc.ids))
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import EstimateRequest
-from advisor.estimate.overhead import CpuCalibration
+from advisor.estimate.overhead import CPU_DEFAULT, CpuCalibration
 from advisor.estimate.strategy import persistent_transient, scaled_curve
 from advisor.estimate.trace import ACTIVATIONS, INPUTS, Trace, load_trace
 from advisor.measure import MeasureRequest, MeasureResult, measure
@@ -87,14 +87,13 @@ def _agree(fake: Trace, real: Trace) -> bool:
 # Bounds on resident bytes per transient live byte: the fit extrapolates, and noise in a
 # resident set (5-10% between identical runs here) must not turn into a wild slope.
 SLOPE_BOUNDS = (0.5, 2.5)
-DEFAULT_SLOPE = 1.3
 
 
 def _fit(transient: list[int], extra: list[float]) -> tuple[float, float]:
     """Least squares extra = intercept + slope x transient, slope bounded; too narrow a spread of
-    transient bytes to fit a slope: the default slope."""
+    transient bytes to fit a slope: the uncalibrated default slope."""
     x, y = np.asarray(transient, float), np.asarray(extra, float)
-    slope = DEFAULT_SLOPE
+    slope = CPU_DEFAULT.slope
     if len(x) >= 2 and np.ptp(x) > 0.2 * x.max():
         slope = float(np.clip(np.polyfit(x, y, 1)[0], *SLOPE_BOUNDS))
     return float(np.mean(y - slope * x)), slope

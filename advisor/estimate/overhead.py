@@ -40,8 +40,9 @@ class CpuCalibration:
         return int(self.hidden_ratio * transient)
 
 
-# Uncalibrated default: the middle of what small-batch runs of the presets measured here
-# (bench/estimate_accuracy.py); says nothing about another machine's allocator or libraries.
+# Uncalibrated default, picked from the calibrations fitted on this machine while building it
+# (slopes 0.5-1.7, intercepts 90-240 MiB across resnet18, lstm, mlp and tiny presets); it was not
+# benchmarked on its own and says nothing about another machine's allocator or libraries.
 CPU_DEFAULT = CpuCalibration(intercept=150 * MB, slope=1.3)
 
 

@@ -8,9 +8,10 @@ bytes after every event, split by what each allocation is for (the categories be
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,6 @@ class Trace:
     curve: np.ndarray  # (events, 8) int64: live bytes per category after each event
     sizes: np.ndarray  # (events,) int64: +bytes for an allocation, -bytes for a free, in order
     ids: np.ndarray  # (events,) int64: which allocation each event is about
-    phases: list[tuple[int, str]]  # (first event index, phase name) for each phase change
     param_bytes: int  # parameters and buffers (bytes)
     grad_bytes: int  # gradients alive at once at the optimizer step (bytes); fused step: largest one
     opt_state_bytes: int  # optimizer state after the second step (bytes)
@@ -44,7 +44,6 @@ class Trace:
     flops_per_step: int  # forward + backward FLOPs of one step (torch.utils.flop_counter)
     num_params: int
     seconds: float
-    notes: list[str] = field(default_factory=list)
     synthetic: bool = False  # built from formulas: sizes are moments, not an allocation sequence
 
     @property
@@ -61,14 +60,12 @@ class _Tracker:
         self.labels: list[int] = []  # allocation id -> category
         self.nbytes: list[int] = []  # allocation id -> bytes
         self.events: list[int] = []  # +(id+1) alloc, -(id+1) free
-        self.phase_marks: list[tuple[int, str]] = [(0, "build")]
         self.flops = 0
         self.count_flops = False
         self.param_keys: set[int] = set()  # storages of the model's parameters
 
     def set_phase(self, name: str) -> None:
         self.phase = name
-        self.phase_marks.append((len(self.events), name))
 
     def track(self, t: Any, category: int | None = None) -> None:
         import torch
@@ -157,8 +154,6 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     tensors, so real kernels choose their own paths (e.g. oneDNN's RNN with its workspace);
     the calibration runs this at small batch sizes in a fresh process.
     """
-    import contextlib
-
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -220,7 +215,7 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
                                 f"(data-dependent control flow, {type(exc).__name__})") from exc
         raise EstimateError(f"cannot trace {workload.name} on {'fake' if fake else 'real'} tensors: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     curve, sizes, ids = _replay(tracker)
-    return Trace(curve=curve, sizes=sizes, ids=ids, phases=tracker.phase_marks, param_bytes=int(param_bytes),
+    return Trace(curve=curve, sizes=sizes, ids=ids, param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0)
 
@@ -235,6 +230,6 @@ def save_trace(trace: Trace, path: str) -> None:
 def load_trace(path: str) -> Trace:
     with np.load(path) as z:
         m = z["meta"].tolist()
-        return Trace(curve=z["curve"], sizes=z["sizes"], ids=z["ids"], phases=[(0, "real")], param_bytes=int(m[0]),
+        return Trace(curve=z["curve"], sizes=z["sizes"], ids=z["ids"], param_bytes=int(m[0]),
                      grad_bytes=int(m[1]), opt_state_bytes=int(m[2]), largest_block_bytes=int(m[3]),
                      flops_per_step=int(m[4]), num_params=int(m[5]), seconds=float(m[6]))
