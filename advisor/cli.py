@@ -73,6 +73,19 @@ def _build_parser() -> argparse.ArgumentParser:
     est.add_argument("--margin", type=float, default=None, help="fraction of device memory kept free (default 0.05)")
     est.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+    trial = sub.add_parser("trial", help="measure one training configuration for real, in fresh processes")
+    _add_workload_args(trial)
+    trial.add_argument("--set", dest="knobs", action="append", default=[], metavar="KNOB=VALUE",
+                       help="a TrainingConfig knob (batch_size, num_workers, precision, compile_mode, strategy, "
+                            "nproc, pinning, ...); repeatable")
+    trial.add_argument("--timeout", type=float, default=600.0, help="seconds before the trial is killed (default 600)")
+    trial.add_argument("--memory-cap", default=None, help="CPU: oom past this resident set, e.g. 4GiB or 500MB")
+    trial.add_argument("--warmup-steps", type=_positive_int, default=3)
+    trial.add_argument("--min-steps", type=_positive_int, default=10)
+    trial.add_argument("--min-time", type=float, default=2.0, help="seconds timed at least (default 2)")
+    trial.add_argument("--no-estimate", action="store_true", help="skip the estimator's prediction")
+    trial.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
     sub.add_parser("workloads", help="list the built-in workload presets")
     hw = sub.add_parser("hardware", help="list the hardware catalog")
     hw.add_argument("--json", action="store_true")
@@ -107,6 +120,34 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     else:
         estimate_table(est)
     return 0
+
+
+def _cmd_trial(args: argparse.Namespace) -> int:
+    from advisor.render import parse_bytes, trial_table
+    from advisor.workload import parse_workload_args
+    from probes.config import TrialBudget
+    from probes.result import TrialStatus
+    from probes.runner import run_trial
+
+    knobs = parse_workload_args(args.knobs, flag="--set")
+    try:
+        budget = TrialBudget(warmup_steps=args.warmup_steps, min_steps=args.min_steps, min_time_s=args.min_time,
+                             timeout_s=args.timeout,
+                             memory_cap_bytes=parse_bytes(args.memory_cap) if args.memory_cap else None)
+    except ValueError as exc:
+        raise SpecError(str(exc).splitlines()[-1]) from exc
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"measuring {args.workload} on {args.hardware} (warm-up, then timed steps)"):
+        result = run_trial(args.workload, knobs, hardware=args.hardware, workload_args=parse_workload_args(args.workload_arg),
+                           budget=budget, estimate=not args.no_estimate)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        trial_table(result)
+    if result.status == TrialStatus.invalid:
+        return EXIT_USAGE
+    return 0 if result.ok else 1
 
 
 def _cmd_workloads(args: argparse.Namespace) -> int:
@@ -146,7 +187,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"estimate": _cmd_estimate, "workloads": _cmd_workloads, "hardware": _cmd_hardware, "probe": _cmd_probe}
+COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware, "probe": _cmd_probe}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -67,3 +67,66 @@ def hardware_table(catalog: dict) -> None:
     if not console.is_terminal:
         console = Console(width=120)  # piped: wide enough that no column is cut
     console.print(table)
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'4GiB', '500MB', '1e9' or '123' -> bytes; SpecError saying what is allowed otherwise."""
+    import re
+
+    from advisor.errors import SpecError
+
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    try:
+        value = float(match.group(1)) if match else -1.0
+    except ValueError:
+        value = -1.0
+    if not match or unit not in _UNITS or value <= 0:
+        raise SpecError(f"{text!r} is not a size; give a positive number with an optional unit "
+                        f"({', '.join(u for u in ('KB', 'MB', 'GB', 'KiB', 'MiB', 'GiB'))}), e.g. 4GiB")
+    return int(value * _UNITS[unit])
+
+
+def trial_table(result) -> None:
+    """One measured trial: status, throughput, times, memory against the estimate, verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    changed = ", ".join(f"{k}={v}" for k, v in result.config.changes().items()) or "PyTorch defaults"
+    table = Table(title=f"trial: {result.workload} on {result.hardware} ({changed})")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    colour = "green" if result.ok else "red"
+    table.add_row("status", f"[{colour}]{result.status.value}[/{colour}]")
+    if result.ok:
+        table.add_row("samples/s", f"{result.samples_per_s:,.1f}")
+        if result.tokens_per_s:
+            table.add_row("tokens/s", f"{result.tokens_per_s:,.0f}")
+        st = result.step_time_s
+        table.add_row("step time p50 / p90", f"{st.p50 * 1e3:.1f} ms / {st.p90 * 1e3:.1f} ms")
+        table.add_row("waiting for data", f"{result.data_wait_fraction:.1%}")
+        table.add_row(f"peak memory ({'cuda reserved' if result.config.device == 'cuda' else 'cpu rss'})",
+                      human_bytes(result.peak_memory_bytes or 0))
+        if result.predicted_memory_bytes:
+            err = (result.predicted_memory_bytes - (result.peak_memory_bytes or 0)) / max(result.peak_memory_bytes or 1, 1)
+            table.add_row("estimated", f"{human_bytes(result.predicted_memory_bytes)} ({err:+.1%})")
+        if result.mfu is not None:
+            table.add_row("MFU", f"{result.mfu:.2%}")
+        if result.compile_s is not None:
+            table.add_row("compile", f"{result.compile_s:.1f} s")
+        table.add_row("timed", f"{result.measured_steps} steps in {result.measured_s:.1f} s "
+                               f"(warm-up {result.warmup_s:.1f} s, overhead {result.overhead_s:.1f} s)")
+    console.print(table)
+    if result.bottleneck:
+        console.print(f"bottleneck: [bold]{result.bottleneck.verdict}[/bold]: {result.bottleneck.reason}")
+    if result.error:
+        from rich.text import Text
+
+        console.print(Text(f"{result.status.value}: ", style="red") + Text(result.error))
+    for note in result.notes:
+        console.print(f"note: {note}")

@@ -139,17 +139,30 @@ def _attach_fused_backward(model: nn.Module, kind: OptimizerKind, impl: str | No
 
 def prepare(model: nn.Module, loss_fn, *, precision: Precision, optimizer: OptimizerKind, device_type: str = "cpu",
             optimizer_impl: str | None = None, checkpointing: bool = False, fused_backward: bool = False,
-            fake: bool = False) -> StepContext:
-    """Cast, wrap and attach an optimizer to a built model; returns the context `train_step` uses."""
+            fake: bool = False, wrap: Callable[[nn.Module], nn.Module] | None = None,
+            make_opt: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
+            compile_fn: Callable[[nn.Module], nn.Module] | None = None) -> StepContext:
+    """Cast, wrap and attach an optimizer to a built model; returns the context `train_step` uses.
+
+    Order matters and is fixed here: cast (pure bf16), checkpoint the blocks, `wrap` (DDP/FSDP:
+    parameters may become sharded DTensors), build the optimizer over the wrapped parameters
+    (`make_opt`, e.g. a sharded one; default `make_optimizer`), then `compile_fn` the module.
+    """
     if precision == Precision.bf16_pure:
         model.to(torch.bfloat16)
     if checkpointing:
         apply_activation_checkpointing(model)
+    if wrap is not None:
+        model = wrap(model)
     ctx = StepContext(model=model, loss_fn=loss_fn, precision=precision, device_type=device_type, fused_backward=fused_backward)
     if fused_backward:
         ctx.optimizers = _attach_fused_backward(model, optimizer, optimizer_impl)
+    elif make_opt is not None:
+        ctx.optimizers = [make_opt(model)]
     else:
         ctx.optimizers = [make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], optimizer_impl)]
+    if compile_fn is not None:
+        ctx.model = compile_fn(model)
     if precision == Precision.fp16:
         if fake:
             ctx.fake_scaler = True
@@ -158,20 +171,35 @@ def prepare(model: nn.Module, loss_fn, *, precision: Precision, optimizer: Optim
     return ctx
 
 
-def train_step(ctx: StepContext, batch: Any, phase: Callable[[str], None] | None = None) -> torch.Tensor:
+def _floats_to(batch: Any, dtype: torch.dtype) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, batch)
+
+
+def train_step(ctx: StepContext, batch: Any, phase: Callable[[str], None] | None = None, *,
+               loss_scale: float = 1.0, step: bool = True) -> torch.Tensor:
     """forward (under autocast where asked), backward, optimizer step, zero_grad(set_to_none).
 
     `phase`, when given, is told 'forward', 'backward', 'step' and 'done' as the step moves on
-    (the estimator's tracer uses it to label what each allocation is for).
+    (the estimator's tracer uses it to label what each allocation is for). Gradient
+    accumulation: `loss_scale` = 1/micro-batches and `step=False` on all but the last one.
     """
     phase = phase or (lambda _name: None)
     phase("forward")
+    if ctx.precision == Precision.bf16_pure:  # bf16 weights take bf16 inputs: cast the float tensors
+        batch = _floats_to(batch, torch.bfloat16)
     dtype = ctx.precision.autocast_dtype
     if dtype is not None:
         with torch.autocast(ctx.device_type, dtype=dtype):
             loss = ctx.loss_fn(ctx.model, batch)
     else:
         loss = ctx.loss_fn(ctx.model, batch)
+    if loss_scale != 1.0:
+        loss = loss * loss_scale
+    if not step:
+        (ctx.scaler.scale(loss) if ctx.scaler is not None else loss).backward()
+        return loss.detach()
     phase("backward")
     if ctx.scaler is not None:
         ctx.scaler.scale(loss).backward()

@@ -55,13 +55,13 @@ class Workload(BaseModel):
     conv_net: bool = Field(default=False, description="A convolutional net (channels_last applies).")
 
 
-def parse_workload_args(pairs: list[str] | None) -> dict[str, Any]:
+def parse_workload_args(pairs: list[str] | None, flag: str = "--workload-arg") -> dict[str, Any]:
     """Turn ['k=v', ...] into kwargs; values are parsed as JSON where they parse, else kept as strings."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise SpecError(f"--workload-arg {pair!r} is not key=value")
+            raise SpecError(f"{flag} {pair!r} is not key=value")
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:

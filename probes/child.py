@@ -1,0 +1,337 @@
+"""One trial inside its own process (one per rank): `python -m probes.child REQUEST.json`.
+
+The parent (probes/runner.py) starts it with torchrun's variables (RANK, WORLD_SIZE, ...) and a
+fresh process group, reads the report this writes to `result_path` (rank suffixed), and turns
+signals, timeouts and missing reports into statuses. Everything here applies a knob for real.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+import traceback
+from contextlib import contextmanager, nullcontext
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from probes.config import CompileMode, Pinning, TrainingConfig, TrialBudget
+from probes.result import Environment, PeakMemory, TrialStatus
+
+TRACEBACK_LINES = 12  # lines of a traceback kept in a report
+
+
+class ChildRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workload: str
+    workload_args: dict[str, Any] = Field(default_factory=dict)
+    config: TrainingConfig
+    budget: TrialBudget
+    result_dir: str = Field(description="Where each rank writes rank<N>.json.")
+    count_ops: bool = Field(default=True, description="Count dispatched ops in one extra untimed step (eager).")
+    inductor_cache_dir: str | None = None
+
+
+class ChildReport(BaseModel):
+    """What one rank measured; the parent merges the ranks into a TrialResult."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: TrialStatus
+    error: str | None = None
+    rank: int = 0
+    world_size: int = 1
+    warmup_times: list[float] = Field(default_factory=list, description="Each warm-up step (s).")
+    step_times: list[float] = Field(default_factory=list, description="Each timed optimizer step (s).")
+    data_times: list[float] = Field(default_factory=list, description="Time each timed step waited for batches (s).")
+    samples_per_step: int = Field(default=0, description="Samples per optimizer step, all ranks.")
+    peak: PeakMemory | None = None
+    ops_per_step: int | None = None
+    op_overhead_s: float | None = None
+    environment: Environment | None = None
+    digest: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _report_path(result_dir: str, rank: int) -> str:
+    return os.path.join(result_dir, f"rank{rank}.json")
+
+
+def _write(report: ChildReport, result_dir: str) -> None:
+    path = _report_path(result_dir, report.rank)
+    with open(path + ".tmp", "w") as f:
+        f.write(report.model_dump_json())
+    os.replace(path + ".tmp", path)  # atomic: the parent never reads half a report
+
+
+@contextmanager
+def _grad_sync(model: Any, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce on non-final micro-batches (DDP no_sync, FSDP2's switch)."""
+    inner = getattr(model, "_orig_mod", model)  # under torch.compile
+    if enabled:
+        yield
+    elif hasattr(inner, "no_sync"):
+        with inner.no_sync():
+            yield
+    elif hasattr(inner, "set_requires_gradient_sync"):
+        inner.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            inner.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+class _Stepper:
+    """Runs optimizer steps (grad_accum micro-batches each), timing data waits apart from compute."""
+
+    def __init__(self, ctx: Any, batches: Iterator[Any], config: TrainingConfig, device: str) -> None:
+        self.ctx, self.batches, self.config, self.device = ctx, batches, config, device
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
+
+    def step(self, mode: Any = None) -> tuple[float, float]:
+        """One optimizer step; returns (wall s, s spent waiting for batches)."""
+        from advisor.training import train_step
+        from probes.loader import to_device
+
+        c = self.config
+        t0 = time.perf_counter()
+        data_s = 0.0
+        for micro in range(c.grad_accum):
+            t = time.perf_counter()
+            batch = to_device(next(self.batches), self.device, non_blocking=c.pin_memory, channels_last=c.channels_last)
+            data_s += time.perf_counter() - t
+            last = micro == c.grad_accum - 1
+            with _grad_sync(self.ctx.model, last), (mode if mode is not None else nullcontext()):
+                train_step(self.ctx, batch, loss_scale=1.0 / c.grad_accum, step=last)
+        self._sync()
+        return time.perf_counter() - t0, data_s
+
+
+def _op_overhead_s(device: str, n: int = 2000) -> float:
+    """Wall time of dispatching one tiny in-place op here (s): the floor every eager op pays."""
+    import torch
+
+    x = torch.zeros(1, device=device)
+    for _ in range(50):
+        x.add_(1)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
+def _count_ops(stepper: _Stepper) -> int:
+    """ATen ops dispatched in one optimizer step (an extra, untimed one)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+            Counter.count += 1
+            return func(*args, **(kwargs or {}))
+
+    stepper.step(mode=Counter())
+    return Counter.count
+
+
+def _setup(req: ChildRequest, rank: int, local_rank: int) -> tuple[Any, list[str]]:
+    """Pinning, threads and the process group, before anything large is allocated."""
+    import torch
+
+    c, notes, plan = req.config, [], None
+    if c.pinning != Pinning.none:
+        from probes.pinning import apply_pinning, plan_pinning
+
+        plan = plan_pinning(c.pinning.value, device_type=c.device, local_rank=local_rank, cpu_list=c.cpu_list)
+        apply_pinning(plan)
+    if c.threads:
+        torch.set_num_threads(c.threads)
+    info = None
+    if c.nproc > 1:
+        from probes.parallel import init_distributed
+
+        info = init_distributed(c.device)
+    if plan is not None:
+        from probes.pinning import verify_pinning
+
+        drift = verify_pinning(plan)
+        if drift:  # a library (e.g. the process group's threads) reset it: pin again, and say so
+            from probes.pinning import apply_pinning
+
+            apply_pinning(plan)
+            notes.append(f"affinity reset after process-group init ({'; '.join(drift)}); pinned again")
+    return (info, plan), notes
+
+
+def _make_context(workload: Any, c: TrainingConfig, device: str, info: Any) -> Any:
+    import torch
+
+    from advisor.training import prepare
+
+    model = workload.build_model().to(device)
+    if c.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    wrap = make_opt = compile_fn = None
+    if info is not None:
+        from probes.parallel import make_trial_optimizer, wrap_model
+
+        def wrap(m):
+            return wrap_model(m, c.strategy, info, precision=c.precision, device_type=c.device)
+
+        def make_opt(m):
+            return make_trial_optimizer(m, c.strategy, c.optimizer, c.optimizer_impl, info)
+
+    if c.compile_mode != CompileMode.none:
+        mode = None if c.compile_mode == CompileMode.default else c.compile_mode.value
+
+        def compile_fn(m):
+            return torch.compile(m, mode=mode)
+
+    return prepare(model, workload.loss_fn, precision=c.precision, optimizer=c.optimizer, device_type=c.device,
+                   optimizer_impl=c.optimizer_impl, checkpointing=c.checkpointing, fused_backward=c.fused_backward,
+                   wrap=wrap, make_opt=make_opt, compile_fn=compile_fn)
+
+
+def _timed(stepper: _Stepper, budget: TrialBudget) -> tuple[list[float], list[float]]:
+    steps: list[float] = []
+    waits: list[float] = []
+    start = time.perf_counter()
+    while len(steps) < budget.max_steps and (len(steps) < budget.min_steps or time.perf_counter() - start < budget.min_time_s):
+        wall, wait = stepper.step()
+        steps.append(wall)
+        waits.append(wait)
+    return steps, waits
+
+
+def run(req: ChildRequest) -> ChildReport:
+    """The measured trial of one rank: build, warm up, count ops, time steps, read the peaks."""
+    import torch
+
+    from advisor.training import set_matmul_precision
+    from advisor.workload import load_workload
+    from probes.environment import environment
+    from probes.loader import build_loader, cycle
+
+    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    c = req.config
+    (info, plan), notes = _setup(req, rank, local_rank)
+    world = info.world_size if info is not None else 1
+    set_matmul_precision(c.precision)
+    workload = load_workload(req.workload, req.workload_args)
+    device = f"cuda:{local_rank}" if c.device == "cuda" else "cpu"
+    torch.manual_seed(0)
+    if c.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        torch.cuda.reset_peak_memory_stats()
+    base_rss = _rss_bytes()  # DESIGN.md: the resident set just before build_model()
+    ctx = _make_context(workload, c, device, info)
+    init_fn = None
+    if plan is not None:
+        from probes.pinning import worker_init_fn
+
+        init_fn = worker_init_fn(plan)
+    loader = build_loader(workload, c, rank=rank, world_size=world, worker_init_fn=init_fn)
+    stepper = _Stepper(ctx, cycle(loader), c, device)
+    # Warm-up (excluded from timing); in eager runs the last warm-up step also counts the ops.
+    warmup = [stepper.step()[0] for _ in range(req.budget.warmup_steps - 1)]
+    ops = None
+    if req.count_ops and c.compile_mode == CompileMode.none:
+        t = time.perf_counter()
+        ops = _count_ops(stepper)
+        warmup.append(time.perf_counter() - t)
+    else:
+        warmup.append(stepper.step()[0])
+    steps, waits = _timed(stepper, req.budget)
+    peak = PeakMemory(cpu_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss)
+    if c.device == "cuda":
+        peak = peak.model_copy(update={"cuda_allocated_bytes": torch.cuda.max_memory_allocated(),
+                                       "cuda_reserved_bytes": torch.cuda.max_memory_reserved()})
+    digest = None
+    if info is not None:
+        from probes.parallel import param_digest
+
+        digest = param_digest(getattr(ctx.model, "_orig_mod", ctx.model))
+    return ChildReport(status=TrialStatus.ok, rank=rank, world_size=world, warmup_times=warmup, step_times=steps,
+                       data_times=waits, samples_per_step=c.batch_size * c.grad_accum * world, peak=peak,
+                       ops_per_step=ops, op_overhead_s=_op_overhead_s(device) if ops is not None else None,
+                       environment=environment(device), digest=digest, notes=notes)
+
+
+def _failure(exc: BaseException, rank: int) -> ChildReport:
+    import torch
+
+    tail = "".join(traceback.format_exception(exc)).rstrip().splitlines()[-TRACEBACK_LINES:]
+    head = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+    return ChildReport(status=TrialStatus.oom if oom else TrialStatus.error, error="\n".join([head, *tail]), rank=rank)
+
+
+def entry(path: str, env: dict[str, str], log_path: str) -> None:
+    """Start of a rank forked from the runner's warm fork server (torch already imported there).
+
+    The rank leads a new session and process group (so the runner can kill it and its DataLoader
+    workers together), writes its output to `log_path`, and takes its variables from `env`.
+    """
+    os.setsid()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.update(env)
+    # multiprocessing made this process's default start method the server's; a training script
+    # run with `python` on Linux forks its DataLoader workers (no pickling of the dataset), so do that.
+    import multiprocessing
+
+    multiprocessing.set_start_method("fork", force=True)
+    if "OMP_NUM_THREADS" in env:  # libgomp read its variable when the server loaded torch: apply it now
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    main(path)
+
+
+def main(path: str) -> int:
+    with open(path) as f:
+        req = ChildRequest.model_validate_json(f.read())
+    if req.inductor_cache_dir:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", req.inductor_cache_dir)
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        report = run(req)
+    except BaseException as exc:  # noqa: BLE001 - every failure of a trial is a recorded result
+        report = _failure(exc, rank)
+    _write(report, req.result_dir)
+    try:
+        from probes.parallel import shutdown_distributed
+
+        shutdown_distributed()
+    except ImportError:
+        pass
+    sys.stdout.flush()
+    # Skip interpreter teardown: DataLoader workers and process groups are gone or the parent kills
+    # the group; a slow or crashing teardown must not turn a measured trial into a failure.
+    os._exit(0 if report.status == TrialStatus.ok else 1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,139 @@
+"""What one measured trial sets (TrainingConfig), how long it measures (TrialBudget), and whether
+a configuration can apply on a target at all (`inapplicable`)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from advisor.config import OptimizerKind, Precision, Strategy
+
+if TYPE_CHECKING:
+    from advisor.hardware.spec import HardwareSpec
+    from advisor.workload import Workload
+
+
+class CompileMode(str, Enum):
+    none = "none"  # eager
+    default = "default"
+    reduce_overhead = "reduce-overhead"  # CUDA graphs
+    max_autotune = "max-autotune"  # autotuned kernels + CUDA graphs
+    max_autotune_no_cudagraphs = "max-autotune-no-cudagraphs"
+
+    @property
+    def uses_cudagraphs(self) -> bool:
+        return self in (CompileMode.reduce_overhead, CompileMode.max_autotune)
+
+
+class Pinning(str, Enum):
+    none = "none"  # the OS schedules freely
+    node = "node"  # the CPUs local to the device (NVML affinity, PCI local_cpulist, or a NUMA node)
+    cpus = "cpus"  # an explicit cpulist (cpu_list)
+
+
+class TrainingConfig(BaseModel):
+    """Every knob of one trial (DESIGN.md). Structural rules are checked here; what depends on the
+    target (a CUDA-only knob on a CPU) is checked by `inapplicable`, so the tuner can record it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Where the model trains.")
+    batch_size: int = Field(default=8, gt=0, description="Micro-batch per process (samples).")
+    grad_accum: int = Field(default=1, ge=1, description="Micro-batches per optimizer step.")
+    num_workers: int = Field(default=0, ge=0, description="DataLoader worker processes per rank.")
+    pin_memory: bool = Field(default=False, description="DataLoader returns page-locked batches (CUDA only).")
+    prefetch_factor: int | None = Field(default=None, ge=1, description="Batches loaded ahead per worker.")
+    persistent_workers: bool = Field(default=False, description="Workers survive between epochs.")
+    precision: Precision = Precision.fp32
+    compile_mode: CompileMode = CompileMode.none
+    optimizer: OptimizerKind = OptimizerKind.adamw
+    optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = Field(default=None, description="None: torch's default.")
+    fused_backward: bool = Field(default=False, description="Optimizer step in each parameter's post-accumulate-grad hook.")
+    checkpointing: bool = Field(default=False, description="Activation checkpointing of the repeated blocks.")
+    channels_last: bool = Field(default=False, description="NHWC memory format for the model and 4-D inputs.")
+    strategy: Strategy = Field(default=Strategy.single, description="single, ddp, zero1 (DDP + sharded optimizer), zero2/zero3 (FSDP2).")
+    nproc: int = Field(default=1, ge=1, description="Processes (one per device).")
+    pinning: Pinning = Pinning.none
+    cpu_list: str | None = Field(default=None, description="pinning=cpus: a cpulist such as '0-3,8'.")
+    threads: int | None = Field(default=None, gt=0, description="Intra-op threads per process (None: torch's default).")
+
+    @model_validator(mode="after")
+    def _structural(self) -> "TrainingConfig":
+        problems = _structural_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def changes(self) -> dict[str, Any]:
+        """The knobs that differ from PyTorch's defaults (for compact display)."""
+        base = TrainingConfig(device=self.device, batch_size=self.batch_size)
+        return {k: v for k, v in self.model_dump(mode="json").items() if getattr(base, k) != getattr(self, k)}
+
+
+def _structural_problems(c: TrainingConfig) -> list[str]:
+    out = []
+    if c.num_workers == 0 and c.prefetch_factor is not None:
+        out.append("prefetch_factor needs num_workers >= 1")
+    if c.num_workers == 0 and c.persistent_workers:
+        out.append("persistent_workers needs num_workers >= 1")
+    if (c.pinning == Pinning.cpus) != (c.cpu_list is not None):
+        out.append("cpu_list is given exactly when pinning is 'cpus'")
+    if c.strategy == Strategy.single and c.nproc != 1:
+        out.append(f"strategy single runs 1 process, not {c.nproc}; use ddp, zero1, zero2 or zero3 for more")
+    if c.strategy != Strategy.single and c.nproc < 2:
+        out.append(f"strategy {c.strategy.value} needs nproc >= 2")
+    if c.fused_backward and c.grad_accum > 1:
+        out.append("fused_backward steps in every backward, so it cannot accumulate gradients (grad_accum must be 1)")
+    if c.fused_backward and c.strategy != Strategy.single:
+        # DDP's reducer reads .grad after accumulation; a hook that steps and frees it races it.
+        out.append("fused_backward runs with strategy single only")
+    if c.optimizer == OptimizerKind.rowwise_adagrad and c.optimizer_impl is not None:
+        out.append("rowwise-adagrad has one implementation; leave optimizer_impl unset")
+    return out
+
+
+def inapplicable(config: TrainingConfig, hardware: "HardwareSpec", workload: "Workload | None" = None) -> str | None:
+    """Why `config` cannot run on `hardware` (one line), or None when it can."""
+    acc = hardware.accelerator
+    if config.device != hardware.device_type:
+        return f"device {config.device} does not match the hardware {acc.name} ({hardware.device_type})"
+    if config.device == "cpu":
+        if config.precision in (Precision.fp16, Precision.tf32):
+            return f"precision {config.precision.value} needs a CUDA device (fp16 autocast and tf32 are GPU paths)"
+        if config.compile_mode.uses_cudagraphs:
+            return f"compile mode {config.compile_mode.value} uses CUDA graphs, which need a CUDA device"
+        if config.pin_memory:
+            return "pin_memory needs a CUDA device (page-locked memory speeds host-to-device copies only)"
+    else:
+        if config.nproc > hardware.devices_per_node:
+            return f"nproc {config.nproc} exceeds the {hardware.devices_per_node} device(s) of {acc.name}"
+        if config.precision == Precision.tf32 and not acc.supports_tf32:
+            return f"{acc.name} has no tf32 tensor cores"
+        if config.precision == Precision.fp16 and not acc.supports_fp16:
+            return f"{acc.name} does not support fp16"
+    if config.precision in (Precision.bf16, Precision.bf16_pure) and not acc.supports_bf16:
+        return f"{acc.name} does not support bf16"
+    if config.channels_last and workload is not None and not workload.conv_net:
+        return f"channels_last applies to convolutional nets; {workload.name} is not one"
+    return None
+
+
+class TrialBudget(BaseModel):
+    """How a trial measures: warm-up excluded, then timed steps until both minimums are met."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    warmup_steps: int = Field(default=3, ge=1, description="Optimizer steps before timing (compile happens here).")
+    min_steps: int = Field(default=10, ge=1, description="At least this many timed optimizer steps.")
+    min_time_s: float = Field(default=2.0, ge=0, description="At least this long timed (s).")
+    max_steps: int = Field(default=10_000, ge=1, description="Stop timing after this many steps even if min_time_s is not reached.")
+    timeout_s: float = Field(default=600.0, gt=0, description="The whole trial, process start to result (s); then it is killed.")
+    memory_cap_bytes: int | None = Field(default=None, gt=0, description="CPU: kill and report oom past this resident set of the trial's processes (bytes).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrialBudget":
+        if self.max_steps < self.min_steps:
+            raise ValueError(f"max_steps {self.max_steps} is below min_steps {self.min_steps}")
+        return self

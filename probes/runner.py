@@ -1,0 +1,284 @@
+"""`run_trial`: one TrainingConfig measured in fresh processes, one per rank, with a hard timeout.
+
+The ranks run in a process group of their own (DataLoader workers included), so a timeout, a
+memory cap or a crash of any rank kills every process of the trial and nothing is left behind.
+Whatever happens, the caller gets a TrialResult; only a user's bad input (an unknown preset, a
+workload file that does not import) raises, before anything is launched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError, SpecError
+from advisor.hardware.spec import HardwareSpec
+from probes.child import ChildReport, ChildRequest
+from probes.config import CompileMode, TrainingConfig, TrialBudget, inapplicable
+from probes.result import TrialResult, TrialStatus
+from probes.summary import summarize
+
+log = logging.getLogger(__name__)
+POLL_S = 0.05  # how often the parent looks at its ranks (s)
+MEMORY_POLL_S = 0.2  # how often it sums their memory against the cap (s)
+RANK_FAILURE_GRACE_S = 5.0  # after one rank fails, the others get this long before the group is killed (s)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_SERVER_LOCK = threading.Lock()
+# Imported once by the fork server, so a trial starts in ~0.1 s instead of ~2 s of `import torch`.
+PRELOAD = ["torch", "torch.utils.data", "advisor.training", "advisor.workload", "probes.child", "probes.loader"]
+
+
+def _context() -> Any:
+    """multiprocessing's fork server with torch preloaded (started on first use, kept warm).
+
+    Its children are fresh processes for our purposes: forked from a server that imported
+    modules and did nothing else (no threads, no CUDA), so no earlier trial's state leaks in.
+    """
+    import multiprocessing as mp
+
+    with _SERVER_LOCK:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        return ctx
+
+
+def _launch(request_path: Path, config: TrainingConfig, workdir: Path) -> list[Any]:
+    """Start every rank; each leads its own session and process group (see probes.child.entry)."""
+    from probes.child import entry
+
+    env = dict(WORLD_SIZE=str(config.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               LOCAL_WORLD_SIZE=str(config.nproc), PYTHONUNBUFFERED="1")
+    if config.nproc > 1 and config.device == "cpu" and config.threads is None:
+        # N ranks on one CPU: torch's default (all cores each) oversubscribes; split the cores instead.
+        env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // config.nproc))
+    ctx = _context()
+    procs = []
+    for rank in range(config.nproc):
+        env_r = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+        proc = ctx.Process(target=entry, args=(str(request_path), env_r, str(workdir / f"rank{rank}.log")),
+                           name=f"advisor-trial-rank{rank}")
+        proc.start()
+        procs.append(proc)
+    return procs
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ...
+            pids.append(int(entry))
+    return pids
+
+
+def _group_memory(pgid: int) -> int:
+    """Proportional set size of every process in the group (bytes): shared pages counted once."""
+    total = 0
+    for pid in _group_pids(pgid):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            continue
+    return total
+
+
+def _kill_groups(procs: list[Any]) -> None:
+    """SIGKILL every rank's process group: the rank and its DataLoader workers."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # gone already (PermissionError: the pid was reused by a process not ours)
+
+
+def _watch(procs: list[Any], budget: TrialBudget, started: float) -> tuple[str, int]:
+    """Wait for the ranks; returns ('done' | 'timeout' | 'oom', peak group memory seen in bytes)."""
+    peak = 0
+    next_mem = 0.0
+    failed_at: float | None = None
+    while True:
+        codes = [p.exitcode for p in procs]
+        if all(c is not None for c in codes):
+            return "done", peak
+        now = time.monotonic()
+        if any(c not in (None, 0) for c in codes):
+            failed_at = failed_at or now
+            if now - failed_at > RANK_FAILURE_GRACE_S:  # the others wait in a collective forever
+                _kill_groups(procs)
+        if now - started > budget.timeout_s:
+            _kill_groups(procs)
+            return "timeout", peak
+        if budget.memory_cap_bytes and now >= next_mem:
+            next_mem = now + MEMORY_POLL_S
+            peak = max(peak, sum(_group_memory(p.pid) for p in procs))
+            if peak > budget.memory_cap_bytes:
+                _kill_groups(procs)
+                return "oom", peak
+        time.sleep(POLL_S)
+
+
+def _reap(procs: list[Any]) -> None:
+    """Kill what is left of the groups (orphaned DataLoader workers) and collect every rank."""
+    _kill_groups(procs)
+    for p in procs:
+        p.join(timeout=10)
+
+
+def _read_reports(workdir: Path, nproc: int) -> list[ChildReport | None]:
+    out: list[ChildReport | None] = []
+    for rank in range(nproc):
+        path = workdir / f"rank{rank}.json"
+        out.append(ChildReport.model_validate_json(path.read_text()) if path.exists() else None)
+    return out
+
+
+def _log_tail(workdir: Path, rank: int, lines: int = 12) -> str:
+    path = workdir / f"rank{rank}.log"
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _failure_status(outcome: str, procs: list[Any], reports: list[ChildReport | None],
+                    workdir: Path, budget: TrialBudget, peak_mem: int) -> tuple[TrialStatus, str] | None:
+    """The status and message when the trial did not measure; None when every rank reported ok."""
+    if outcome == "timeout":
+        return TrialStatus.timeout, f"no result within {budget.timeout_s:g} s; the trial's process group was killed"
+    if outcome == "oom":
+        return TrialStatus.oom, (f"the trial's processes reached {peak_mem / 2**20:.0f} MiB, past the memory cap of "
+                                 f"{budget.memory_cap_bytes / 2**20:.0f} MiB; killed")
+    for rank, (proc, rep) in enumerate(zip(procs, reports)):
+        if rep is not None and rep.status != TrialStatus.ok:
+            return rep.status, (f"rank {rank}: " if len(procs) > 1 else "") + (rep.error or rep.status.value)
+    for rank, proc in enumerate(procs):
+        code = proc.exitcode
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name
+            return TrialStatus.crashed, f"rank {rank} was killed by {name}\n{_log_tail(workdir, rank)}".rstrip()
+        if reports[rank] is None:
+            return TrialStatus.error, f"rank {rank} exited with code {code} and no report\n{_log_tail(workdir, rank)}".rstrip()
+    return None
+
+
+class _EstimateThread(threading.Thread):
+    """The estimator's prediction for the same config, computed while the ranks start up."""
+
+    def __init__(self, workload: str, workload_args: dict[str, Any], config: TrainingConfig, hw: HardwareSpec):
+        super().__init__(daemon=True)
+        self.args = (workload, workload_args, config, hw)
+        self.estimate: Any = None
+        self.note: str | None = None
+
+    def run(self) -> None:
+        from advisor.estimate import estimate_memory
+
+        workload, wargs, c, hw = self.args
+        if c.nproc > hw.world_size:  # N CPU ranks on one host: estimate for N "devices"
+            hw = hw.model_copy(update={"devices_per_node": c.nproc})
+        try:
+            self.estimate = estimate_memory(workload, hw, c.batch_size, precision=c.precision, optimizer=c.optimizer,
+                                            strategy=c.strategy, checkpointing=c.checkpointing,
+                                            fused_backward=c.fused_backward, optimizer_impl=c.optimizer_impl,
+                                            workload_args=wargs, calibrate=False)
+        except AdvisorError as exc:
+            self.note = f"no estimate: {exc}"
+        except Exception as exc:  # noqa: BLE001 - an estimator bug must not lose a measurement; it is reported
+            log.exception("estimate failed")
+            self.note = f"no estimate: {type(exc).__name__}: {exc}"
+
+
+def _resolve(workload: str, workload_args: dict[str, Any], hardware: HardwareSpec | str, config: TrainingConfig | dict):
+    from advisor.hardware import get_hardware
+    from advisor.workload import load_workload
+
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    if isinstance(config, dict):
+        config = config_from_dict(config, device=hw.device_type)
+    wl = load_workload(workload, workload_args)  # bad input raises here, before anything runs
+    return wl, hw, config
+
+
+def config_from_dict(values: dict[str, Any], *, device: str) -> TrainingConfig:
+    """A TrainingConfig from user-given knobs; SpecError naming what was wrong and what is allowed."""
+    from pydantic import ValidationError
+
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    unknown = sorted(set(values) - set(TrainingConfig.model_fields))
+    if unknown:
+        raise SpecError(f"unknown knob(s) {', '.join(unknown)}; known: {', '.join(TrainingConfig.model_fields)}")
+    try:
+        return TrainingConfig(**{"device": device, **values})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        msg = first["msg"].removeprefix("Value error, ")
+        raise SpecError(f"{where}: {msg}" if first["loc"] else msg) from exc
+
+
+def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: HardwareSpec | str = "local",
+              workload_args: dict[str, Any] | None = None, budget: TrialBudget | None = None,
+              estimate: bool = True, count_ops: bool = True) -> TrialResult:
+    """Measure `config` for real; see the module docstring. `workload` is a preset or file.py:build."""
+    t0 = time.monotonic()
+    wargs = dict(workload_args or {})
+    budget = budget or TrialBudget()
+    wl, hw, config = _resolve(workload, wargs, hardware, config)
+    hw_name = f"{hw.accelerator.name}:{config.nproc}" if config.nproc > 1 else hw.accelerator.name
+    base = dict(workload=wl.name, hardware=hw_name, config=config)
+    reason = inapplicable(config, hw, wl)
+    if reason:
+        return TrialResult(status=TrialStatus.invalid, error=reason, wall_s=time.monotonic() - t0, **base)
+    from advisor.settings import get_settings
+
+    data_dir = get_settings().data_dir
+    (data_dir / "trials").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=data_dir / "trials", prefix="trial-") as tmp:
+        workdir = Path(tmp)
+        req = ChildRequest(workload=workload, workload_args=wargs, config=config, budget=budget,
+                           result_dir=str(workdir), count_ops=count_ops,
+                           inductor_cache_dir=str(data_dir / "inductor") if config.compile_mode != CompileMode.none else None)
+        request_path = workdir / "request.json"
+        request_path.write_text(req.model_dump_json())
+        procs = _launch(request_path, config, workdir)
+        est = _EstimateThread(workload, wargs, config, hw) if estimate else None
+        if est is not None:
+            est.start()
+        try:
+            outcome, peak_mem = _watch(procs, budget, t0)
+        finally:
+            _reap(procs)
+        reports = _read_reports(workdir, config.nproc)
+        failure = _failure_status(outcome, procs, reports, workdir, budget, peak_mem)
+        for p in procs:
+            p.close()
+    if est is not None:
+        est.join()
+    wall = time.monotonic() - t0
+    if failure is not None:
+        return TrialResult(status=failure[0], error=failure[1], wall_s=wall, **base)
+    return summarize(reports, wl, hw, config, est.estimate if est else None, wall, base,
+                     [est.note] if est is not None and est.note else [])

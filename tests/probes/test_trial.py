@@ -1,0 +1,167 @@
+"""Measured trials in real processes on this CPU: each knob observably applied, the figures a
+trial reports, and every failure status produced by a workload written to fail that way."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from probes.config import TrialBudget
+from probes.result import TrialStatus
+from probes.runner import run_trial
+
+HERE = Path(__file__).resolve().parent
+RECORDER = f"{HERE / 'recorder.py'}:build"
+QUICK = TrialBudget(warmup_steps=2, min_steps=3, min_time_s=0.0, timeout_s=120)
+
+
+def records(out_dir: Path, fail: str = "none") -> list[dict]:
+    path = out_dir / f"log-{fail}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def trial(tmp_path: Path, fail: str = "none", budget: TrialBudget = QUICK, **knobs):
+    return run_trial(RECORDER, knobs, hardware="cpu", workload_args={"out_dir": str(tmp_path), "fail": fail},
+                     budget=budget, estimate=False)
+
+
+def test_ok_trial_reports_every_figure():
+    r = run_trial("tiny-gpt2", {"batch_size": 4}, hardware="cpu", budget=QUICK)
+    assert r.status == TrialStatus.ok, r.error
+    assert r.samples_per_s > 0 and r.measured_steps >= 3
+    assert r.tokens_per_s == pytest.approx(r.samples_per_s * 32)  # tiny-gpt2: 32 tokens per sample
+    assert 0 < r.step_time_s.p50 <= r.step_time_s.p90
+    assert 0 <= r.data_wait_fraction < 1
+    assert r.peak_memory_bytes == r.peak_memory.cpu_rss_bytes > 0
+    assert r.predicted_memory_bytes > 0 and r.predicts == "cpu_rss"
+    assert r.mfu is not None and 0 < r.mfu < 1
+    assert r.bottleneck.verdict in ("input-bound", "compute-bound", "overhead-bound")
+    assert r.bottleneck.ops_per_step > 50  # a transformer step dispatches many ops
+    import torch
+
+    assert r.environment.torch == torch.__version__
+    assert r.overhead_s is not None and r.wall_s >= r.measured_s
+
+
+def test_workers_are_processes_and_grad_accum_takes_micro_batches(tmp_path):
+    r = trial(tmp_path, batch_size=4, num_workers=2, grad_accum=2, prefetch_factor=2)
+    assert r.status == TrialStatus.ok, r.error
+    recs = records(tmp_path)
+    main_pids = {rec["pid"] for rec in recs}
+    sample_pids = {p for rec in recs for p in rec["sample_pids"]}
+    assert len(main_pids) == 1
+    assert len(sample_pids) == 2 and not sample_pids & main_pids  # two worker processes made the samples
+    assert len(recs) == (QUICK.warmup_steps + r.measured_steps) * 2  # two micro-batches per optimizer step
+
+
+def test_no_workers_loads_in_the_main_process(tmp_path):
+    r = trial(tmp_path, batch_size=4)
+    assert r.status == TrialStatus.ok, r.error
+    recs = records(tmp_path)
+    assert {p for rec in recs for p in rec["sample_pids"]} == {recs[0]["pid"]}
+
+
+def test_bf16_autocast_channels_last_and_threads_apply(tmp_path):
+    r = trial(tmp_path, batch_size=4, precision="bf16", channels_last=True, threads=1)
+    assert r.status == TrialStatus.ok, r.error
+    rec = records(tmp_path)[-1]
+    assert rec["out_dtype"] == "torch.bfloat16"
+    assert rec["channels_last"] is True
+    assert rec["threads"] == 1
+
+
+def test_fp32_default_is_fp32_and_contiguous(tmp_path):
+    r = trial(tmp_path, batch_size=4)
+    assert r.status == TrialStatus.ok, r.error
+    rec = records(tmp_path)[-1]
+    assert rec["out_dtype"] == "torch.float32" and rec["channels_last"] is False
+
+
+@pytest.mark.parametrize("knobs", [{"optimizer_impl": "foreach"}, {"optimizer_impl": "fused"},
+                                   {"fused_backward": True}, {"checkpointing": True, "optimizer": "sgd-momentum"},
+                                   {"precision": "bf16-pure"}])
+def test_step_variants_run(knobs):
+    r = run_trial("tiny-mlp", {"batch_size": 16, **knobs}, hardware="cpu", budget=QUICK, estimate=False)
+    assert r.status == TrialStatus.ok, r.error
+
+
+def test_compile_invokes_inductor(tmp_path):
+    from advisor.settings import get_settings
+
+    cache = get_settings().data_dir / "inductor"
+    before = set(cache.rglob("*")) if cache.exists() else set()
+    r = run_trial("tiny-mlp", {"batch_size": 16, "compile_mode": "default"}, hardware="cpu", budget=QUICK, estimate=False)
+    assert r.status == TrialStatus.ok, r.error
+    after = set(cache.rglob("*"))
+    # inductor wrote generated code (or, warm, found it there) and the warm-up paid for compiling
+    assert any(p.suffix in (".py", ".cpp", ".so") for p in after), sorted(map(str, after))[:5]
+    assert r.compile_s is not None and (r.compile_s > 0.2 or after == before)
+    assert r.bottleneck.ops_per_step is None  # ops are counted in eager runs only
+
+
+@pytest.mark.parametrize("knobs, reason", [
+    ({"precision": "fp16"}, "CUDA"), ({"compile_mode": "reduce-overhead"}, "CUDA graphs"),
+    ({"pin_memory": True}, "CUDA"), ({"channels_last": True}, "convolutional"),
+])
+def test_knobs_that_cannot_apply_are_invalid_without_launching(knobs, reason):
+    t0 = time.monotonic()
+    r = run_trial("tiny-mlp", knobs, hardware="cpu", estimate=False)
+    assert r.status == TrialStatus.invalid and reason in r.error
+    assert time.monotonic() - t0 < 2.0  # nothing was started
+
+
+def test_exception_in_workload_is_error_with_traceback(tmp_path):
+    r = trial(tmp_path, fail="raise")
+    assert r.status == TrialStatus.error
+    assert r.error.startswith("ValueError: the workload failed on purpose")
+    assert "recorder.py" in r.error  # the traceback's tail names where
+
+
+@pytest.mark.parametrize("fail, signal_name", [("abort", "SIGABRT"), ("segv", "SIGSEGV")])
+def test_signal_is_crashed_and_named(tmp_path, fail, signal_name):
+    r = trial(tmp_path, fail=fail)
+    assert r.status == TrialStatus.crashed
+    assert signal_name in r.error
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie has no memory or CPU left
+    except FileNotFoundError:
+        return True
+
+
+def test_hang_times_out_and_leaves_no_process(tmp_path):
+    budget = TrialBudget(warmup_steps=2, min_steps=3, min_time_s=0.0, timeout_s=12)
+    r = trial(tmp_path, fail="hang", budget=budget, batch_size=4, num_workers=2, persistent_workers=True)
+    assert r.status == TrialStatus.timeout and "killed" in r.error
+    assert r.wall_s < 30
+    recs = records(tmp_path, "hang")
+    pids = {recs[0]["pid"], *recs[0]["children"]}  # the rank and its two DataLoader workers
+    assert len(pids) == 3
+    deadline = time.monotonic() + 5
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
+
+
+def test_memory_past_the_cap_is_oom(tmp_path):
+    budget = TrialBudget(warmup_steps=2, min_steps=3, min_time_s=0.0, timeout_s=60, memory_cap_bytes=1 << 30)
+    r = trial(tmp_path, fail="alloc", budget=budget)
+    assert r.status == TrialStatus.oom and "memory cap" in r.error
+
+
+def test_bad_input_raises_before_launching():
+    from advisor.errors import SpecError
+
+    with pytest.raises(SpecError, match="valid presets"):
+        run_trial("no-such-preset", {}, hardware="cpu")
+    with pytest.raises(SpecError, match="known: device, batch_size"):
+        run_trial("tiny-mlp", {"batch": 3}, hardware="cpu")
+    with pytest.raises(SpecError, match="num_workers"):
+        run_trial("tiny-mlp", {"persistent_workers": True}, hardware="cpu")
