@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from advisor.errors import ProbeError, SpecError
 from advisor.hardware.sysinfo import NumaNode, format_cpulist, local_cpulist_for_pci, parse_cpulist
@@ -40,6 +40,13 @@ class PinPlan(BaseModel):
         "'sysfs-pci' (the GPU's /sys/bus/pci/devices/<id>/local_cpulist), 'numa-node' (a NUMA node's "
         "cpulist), 'explicit' (the user's list)."
     )
+
+    @field_validator("main_cpus", "worker_cpus")
+    @classmethod
+    def _sorted_cpu_ids(cls, cpus: tuple[int, ...]) -> tuple[int, ...]:
+        if any(cpu < 0 for cpu in cpus) or list(cpus) != sorted(set(cpus)):
+            raise ValueError(f"CPU ids must be distinct, >= 0 and sorted, got {cpus}")
+        return cpus
 
 
 def plan_pinning(mode: PinMode, *, device_type: str, local_rank: int = 0, cpu_list: str | None = None,

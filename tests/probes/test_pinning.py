@@ -182,3 +182,11 @@ def test_none_mode_and_bad_inputs():
         plan_pinning("node", device_type="mps")
     with pytest.raises(SpecError, match="choose from none, node, cpus"):
         plan_pinning("numa", device_type="cpu")  # type: ignore[arg-type]
+
+
+def test_plan_rejects_unsorted_or_repeated_cpus():
+    from pydantic import ValidationError
+
+    for cpus in [(1, 0), (0, 0), (-1,), ()]:
+        with pytest.raises(ValidationError):
+            PinPlan(main_cpus=cpus, worker_cpus=(0,), numa_node=None, source="explicit")
