@@ -92,12 +92,12 @@ def bench_tables(result: "BenchResult") -> None:
     console.print(bw)
     curve = result.loader
     dl = Table(title=f"DataLoader: {curve.workload}, batch {curve.batch_size}",
-               caption=f"{curve.batches} timed batches per count, after a first one")
-    for col in ("workers", "samples/s", "vs 0 workers"):
+               caption=f"{curve.batches} batches planned per count after a first one; fewer where time ran out")
+    for col in ("workers", "batches", "samples/s", "vs 0 workers"):
         dl.add_column(col, justify="right")
     base = curve.points[0].samples_per_s
     for p in curve.points:
-        dl.add_row(str(p.workers), f"{p.samples_per_s:,.0f}", f"{p.samples_per_s / base:.2f}x")
+        dl.add_row(str(p.workers), str(p.batches), f"{p.samples_per_s:,.0f}", f"{p.samples_per_s / base:.2f}x")
     console.print(dl)
     console.print(f"bench took {result.seconds:.1f} s (budget {result.budget_seconds:g} s of measuring)")
     for note in result.notes:

@@ -85,36 +85,38 @@ def _bench_memory(devices: list[str], budget_s: float) -> tuple[list[CopyBench],
 def bench_loader(workload: Any, counts: list[int], budget_s: float) -> LoaderCurve:
     """Samples/s of the workload's DataLoader at each worker count, over the same number of batches.
 
-    That number comes from the second batch at 0 workers (the slowest steady state), so that
-    the 0-worker point takes about `budget_s` / len(counts) and every other point less.
-    The first batch of every count is excluded (worker start-up, first-use caches).
+    That number comes from batches 2-4 at 0 workers, so that the 0-worker point takes about
+    `budget_s` / len(counts). The first batch of every count is excluded (worker start-up,
+    first-use caches). A count still running at twice its share (workers slower than the main
+    process, or a busy machine) stops there and reports the batches it timed.
     """
     dataset = workload.dataset()
-    batch = workload.default_batch_size
-    batches = None
+    batch, share = workload.default_batch_size, budget_s / len(counts)
+    _, calibration_s = _time_loader(dataset, workload.collate_fn, batch, 0, 3, deadline_s=share)
+    batches = max(4, min(_MAX_BATCHES, int(share / (calibration_s / 3))))
     points = []
     for workers in counts:
-        if batches is None:
-            _, one_batch_s = _time_loader(dataset, workload.collate_fn, batch, workers, 1)
-            batches = max(4, min(_MAX_BATCHES, int(budget_s / len(counts) / one_batch_s)))
-        _, seconds = _time_loader(dataset, workload.collate_fn, batch, workers, batches)
-        points.append(LoaderPoint(workers=workers, seconds=seconds, samples_per_s=batches * batch / seconds))
-    return LoaderCurve(workload=workload.name, batch_size=batch, batches=batches or 1, points=points)
+        timed, seconds = _time_loader(dataset, workload.collate_fn, batch, workers, batches, deadline_s=2 * share)
+        points.append(LoaderPoint(workers=workers, batches=timed, seconds=seconds,
+                                  samples_per_s=timed * batch / seconds))
+    return LoaderCurve(workload=workload.name, batch_size=batch, batches=batches, points=points)
 
 
-def _time_loader(dataset: Any, collate_fn: Any, batch: int, workers: int, batches: int) -> tuple[float, float]:
-    """(seconds to the first batch, seconds for the next `batches` batches) of a fresh DataLoader."""
+def _time_loader(dataset: Any, collate_fn: Any, batch: int, workers: int, batches: int,
+                 deadline_s: float) -> tuple[int, float]:
+    """(batches timed, their seconds) of a fresh DataLoader: up to `batches` after the first, within `deadline_s`."""
     from torch.utils.data import DataLoader
 
     # Indices cycle over the dataset, so a small dataset still yields every batch asked for.
     indices = [i % len(dataset) for i in range((batches + 1) * batch)]
     loader = DataLoader(dataset, batch_size=batch, sampler=indices, num_workers=workers, collate_fn=collate_fn)
-    start = time.perf_counter()
     it = iter(loader)
     next(it)
     first = time.perf_counter()
-    for _ in range(batches):
+    timed = 0
+    while timed < batches and (timed < 4 or time.perf_counter() - first < deadline_s):
         next(it)
+        timed += 1
     end = time.perf_counter()
     del it  # shuts the workers down before the next count starts its own
-    return first - start, end - first
+    return timed, end - first

@@ -120,8 +120,9 @@ def _pick_size(time_one: Callable, device: str, dtype: str, target_s: float, max
     n, reps = 128, 1
     while True:
         a, b = _operands(n, device, dtype)
-        # Best of two: the first matmul of a process starts thread pools and loads kernels.
-        seconds = min(time_one(lambda: _mm(a, b, reps)) for _ in range(2))
+        # Best of three: the first matmul of a process starts thread pools and loads kernels,
+        # and on a shared machine a preempted tiny run would stop the growth far too early.
+        seconds = min(time_one(lambda: _mm(a, b, reps)) for _ in range(3))
         if seconds >= target_s / 8:
             break
         if n < max_size:

@@ -48,6 +48,7 @@ class LoaderPoint(BaseModel):
     model_config = _FROZEN
 
     workers: int = Field(ge=0, description="num_workers (0: batches are made in the main process).")
+    batches: int = Field(gt=0, description="Batches timed after the first; fewer than planned if time ran out.")
     seconds: float = Field(gt=0, description="Wall time of the timed batches, first batch excluded (seconds).")
     samples_per_s: float = Field(gt=0, description="Samples delivered per second over the timed batches.")
 
@@ -59,7 +60,7 @@ class LoaderCurve(BaseModel):
 
     workload: str = Field(description="The workload whose dataset and collate_fn were read.")
     batch_size: int = Field(gt=0, description="Samples per batch (the workload's default batch).")
-    batches: int = Field(gt=0, description="Timed batches per worker count, after a first (warm-up) batch.")
+    batches: int = Field(gt=0, description="Batches planned per worker count, after a first (warm-up) batch.")
     points: list[LoaderPoint] = Field(description="One point per worker count, in increasing order.")
 
 
