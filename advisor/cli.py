@@ -90,8 +90,30 @@ def _build_parser() -> argparse.ArgumentParser:
     hw = sub.add_parser("hardware", help="list the hardware catalog")
     hw.add_argument("--json", action="store_true")
     probe = sub.add_parser("probe", help="describe this machine: GPUs (NVML), CPUs, NUMA nodes, memory")
-    probe.add_argument("--json", action="store_true")
+    probe.add_argument("--json", action="store_true", help="print JSON; with --bench: {\"probe\": ..., \"bench\": ...}")
+    _add_bench_args(probe)
     return parser
+
+
+def _add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bench", action="store_true", help="also measure: matmul TFLOP/s, memory and host-to-device "
+                   "GB/s, DataLoader samples/s over worker counts (~12 s)")
+    p.add_argument("--bench-seconds", type=_positive_float, default=None, metavar="S",
+                   help="measuring time for --bench (default 10; setup adds a few seconds); implies --bench")
+    p.add_argument("--bench-workload", default=None, metavar="NAME",
+                   help="workload whose dataset the DataLoader curve reads (default tiny-resnet); implies --bench")
+    p.add_argument("--workload-arg", "-a", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for the bench workload's build, e.g. decode_cost_ms=5; repeatable")
+
+
+def _positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number; give a positive number of seconds") from None
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give a positive, finite number of seconds")
+    return x
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
@@ -173,9 +195,16 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from advisor.hardware import probe_local
     from advisor.hardware.probe import format_topology
 
+    wants_bench = bool(args.bench or args.bench_seconds or args.bench_workload)
+    if args.workload_arg and not wants_bench:
+        raise SpecError("--workload-arg applies to the bench workload only; add --bench")
     probe = probe_local()
+    bench = _run_bench(args) if wants_bench else None
     if args.json:
-        print(probe.model_dump_json(indent=2))
+        if bench is None:
+            print(probe.model_dump_json(indent=2))
+        else:
+            print(json.dumps({"probe": probe.model_dump(mode="json"), "bench": bench.model_dump(mode="json")}, indent=2))
         return 0
     if probe.note:
         print(probe.note)
@@ -184,10 +213,29 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         print(gpu)
     if probe.gpus:
         print(format_topology(probe))
+    if bench is not None:
+        from advisor.render import bench_tables
+
+        bench_tables(bench)
     return 0
 
 
-COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware, "probe": _cmd_probe}
+def _run_bench(args: argparse.Namespace):
+    from rich.console import Console
+
+    from advisor.workload import parse_workload_args
+    from probes.bench import DEFAULT_SECONDS, DEFAULT_WORKLOAD, run_bench
+
+    workload = args.bench_workload or DEFAULT_WORKLOAD
+    seconds = args.bench_seconds or DEFAULT_SECONDS
+    # A spinner on stderr while measuring; stdout (JSON or tables) stays clean.
+    with Console(stderr=True).status(f"measuring this machine (~{seconds:g} s): matmuls, copies, "
+                                     f"DataLoader workers on {workload}"):
+        return run_bench(workload, workload_args=parse_workload_args(args.workload_arg), seconds=seconds)
+
+
+COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware,
+            "probe": _cmd_probe}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Tables for people: estimates and the hardware catalog (rich)."""
+"""Tables for people: estimates, the hardware catalog and the machine bench (rich)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from advisor.estimate.model import MemoryEstimate
+    from probes.bench_models import BenchResult
 
 
 def human_bytes(n: float) -> str:
@@ -128,5 +129,39 @@ def trial_table(result) -> None:
         from rich.text import Text
 
         console.print(Text(f"{result.status.value}: ", style="red") + Text(result.error))
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
+def bench_tables(result: "BenchResult") -> None:
+    """`advisor probe --bench` as tables: matmuls, copies, the DataLoader curve, then notes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    mm = Table(title=f"matmul (square, best of runs; {result.torch_threads} CPU threads)")
+    for col in ("device", "dtype", "size", "reps/run", "s/run", "TFLOP/s"):
+        mm.add_column(col, justify="left" if col in ("device", "dtype") else "right")
+    for m in result.matmul:
+        mm.add_row(m.device, m.dtype, str(m.size), str(m.reps), f"{m.seconds_per_run:.3f}", f"{m.tflops:.3f}")
+    console.print(mm)
+    bw = Table(title="bandwidth (GB/s = 1e9 B/s; 'copy' counts read + write)")
+    for col in ("device", "kind", "tensor", "bytes counted", "GB/s"):
+        bw.add_column(col, justify="left" if col in ("device", "kind") else "right")
+    for c in [*result.memory, *result.host_to_device]:
+        bw.add_row(c.device, c.kind, human_bytes(c.tensor_bytes), human_bytes(c.bytes_counted), f"{c.gb_per_s:.1f}")
+    if result.host_to_device_note:
+        bw.add_row("-", "host-to-device", "", "", result.host_to_device_note)
+    console.print(bw)
+    curve = result.loader
+    dl = Table(title=f"DataLoader: {curve.workload}, batch {curve.batch_size}",
+               caption=f"{curve.batches} batches planned per count after a first one; fewer where time ran out")
+    for col in ("workers", "batches", "samples/s", "vs 0 workers"):
+        dl.add_column(col, justify="right")
+    base = curve.points[0].samples_per_s
+    for p in curve.points:
+        dl.add_row(str(p.workers), str(p.batches), f"{p.samples_per_s:,.0f}", f"{p.samples_per_s / base:.2f}x")
+    console.print(dl)
+    console.print(f"bench took {result.seconds:.1f} s (budget {result.budget_seconds:g} s of measuring)")
     for note in result.notes:
         console.print(f"note: {note}")
