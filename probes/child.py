@@ -163,7 +163,7 @@ def _setup(req: ChildRequest, rank: int, local_rank: int) -> tuple[Any, list[str
         from probes.pinning import apply_pinning, plan_pinning
 
         plan = plan_pinning(c.pinning.value, device_type=c.device, local_rank=local_rank, cpu_list=c.cpu_list)
-        apply_pinning(plan)
+        apply_pinning(plan, limit_threads=c.threads is None)  # no more threads than pinned CPUs
     if c.threads:
         torch.set_num_threads(c.threads)
     info = None

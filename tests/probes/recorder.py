@@ -19,7 +19,7 @@ import advisor
 
 
 class Samples(Dataset):
-    """Images (3, 8, 8), labels, and the pid of the process that produced each sample."""
+    """Images (3, 8, 8), labels, and the pid and CPU mask of the process that produced each sample."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -29,7 +29,8 @@ class Samples(Dataset):
 
     def __getitem__(self, i: int):
         g = torch.Generator().manual_seed(i)
-        return torch.randn(3, 8, 8, generator=g), torch.randint(0, 4, (), generator=g), torch.tensor(os.getpid())
+        cpus = torch.tensor(sum(1 << c for c in os.sched_getaffinity(0)))  # this worker's CPUs, as a bit mask
+        return torch.randn(3, 8, 8, generator=g), torch.randint(0, 4, (), generator=g), torch.tensor(os.getpid()), cpus
 
 
 class Net(nn.Module):
@@ -74,11 +75,12 @@ def build(out_dir: str, fail: str = "none", samples: int = 256):
     log_path = os.path.join(out_dir, f"log-{fail}.jsonl")
 
     def loss_fn(model, batch):
-        x, y, pids = batch
+        x, y, pids, masks = batch
         out = model(x)
         with open(log_path, "a") as f:
             f.write(json.dumps({
-                "pid": os.getpid(), "sample_pids": sorted(set(pids.tolist())), "out_dtype": str(out.dtype),
+                "pid": os.getpid(), "sample_pids": sorted(set(pids.tolist())),
+                "sample_cpus": sorted({tuple(c for c in range(64) if m >> c & 1) for m in masks.tolist()}), "out_dtype": str(out.dtype),
                 "channels_last": x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
                 "threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0)),
                 "rank": os.environ.get("RANK"), "children": _children(),
@@ -89,7 +91,8 @@ def build(out_dir: str, fail: str = "none", samples: int = 256):
     return advisor.Workload(
         name=f"recorder-{fail}",
         build_model=Net,
-        make_batch=lambda n: (torch.randn(n, 3, 8, 8), torch.randint(0, 4, (n,)), torch.zeros(n, dtype=torch.long)),
+        make_batch=lambda n: (torch.randn(n, 3, 8, 8), torch.randint(0, 4, (n,)), torch.zeros(n, dtype=torch.long),
+                              torch.zeros(n, dtype=torch.long)),
         loss_fn=loss_fn,
         dataset=lambda: Samples(samples),
         conv_net=True,

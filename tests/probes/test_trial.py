@@ -74,6 +74,31 @@ def test_bf16_autocast_channels_last_and_threads_apply(tmp_path):
     assert rec["threads"] == 1
 
 
+def test_pinning_sets_the_affinity_of_the_rank_and_its_workers(tmp_path):
+    r = trial(tmp_path, batch_size=4, num_workers=1, pinning="cpus", cpu_list="0")
+    assert r.status == TrialStatus.ok, r.error
+    recs = records(tmp_path)
+    assert {tuple(rec["affinity"]) for rec in recs} == {(0,)}  # the training process
+    assert {tuple(c) for rec in recs for c in rec["sample_cpus"]} == {(0,)}  # its DataLoader worker
+    assert recs[-1]["threads"] == 1  # no more intra-op threads than pinned CPUs
+    assert r.environment.cpu_count == 1
+    assert os.sched_getaffinity(0) != {0}  # the test process itself was left alone
+
+
+def test_node_pinning_uses_the_node_cpulist(tmp_path):
+    from advisor.hardware.sysinfo import parse_cpulist
+
+    node0 = Path("/sys/devices/system/node/node0/cpulist")
+    if not node0.exists():
+        pytest.skip("no NUMA node in sysfs on this machine")
+    r = trial(tmp_path, batch_size=4, num_workers=2, pinning="node")
+    assert r.status == TrialStatus.ok, r.error
+    want = tuple(sorted(set(parse_cpulist(node0.read_text())) & os.sched_getaffinity(0)))
+    recs = records(tmp_path)
+    assert {tuple(rec["affinity"]) for rec in recs} == {want}
+    assert {tuple(c) for rec in recs for c in rec["sample_cpus"]} == {want}
+
+
 def test_fp32_default_is_fp32_and_contiguous(tmp_path):
     r = trial(tmp_path, batch_size=4)
     assert r.status == TrialStatus.ok, r.error
