@@ -286,27 +286,21 @@ def _failure(exc: BaseException, rank: int) -> ChildReport:
     return ChildReport(status=TrialStatus.oom if oom else TrialStatus.error, error="\n".join([head, *tail]), rank=rank)
 
 
-def entry(path: str, env: dict[str, str], log_path: str) -> None:
-    """Start of a rank forked from the runner's warm fork server (torch already imported there).
+def entry(path: str, log_path: str) -> None:
+    """Start of a rank forked from the warm fork server (probes/forkserver.py; torch already imported).
 
     The rank leads a new session and process group (so the runner can kill it and its DataLoader
-    workers together), writes its output to `log_path`, and takes its variables from `env`.
+    workers together) and writes its output to `log_path`; the server set its environment.
     """
     os.setsid()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    os.environ.update(env)
-    # multiprocessing made this process's default start method the server's; a training script
-    # run with `python` on Linux forks its DataLoader workers (no pickling of the dataset), so do that.
-    import multiprocessing
-
-    multiprocessing.set_start_method("fork", force=True)
-    if "OMP_NUM_THREADS" in env:  # libgomp read its variable when the server loaded torch: apply it now
+    if "OMP_NUM_THREADS" in os.environ:  # libgomp read it when the server loaded torch: apply it now
         import torch
 
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     main(path)
 
 

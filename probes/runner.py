@@ -38,42 +38,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-_SERVER_LOCK = threading.Lock()
-# Imported once by the fork server, so a trial starts in ~0.1 s instead of ~2 s of `import torch`.
-PRELOAD = ["torch", "torch.utils.data", "advisor.training", "advisor.workload", "probes.child", "probes.loader"]
-
-
-def _context() -> Any:
-    """multiprocessing's fork server with torch preloaded (started on first use, kept warm).
-
-    Its children are fresh processes for our purposes: forked from a server that imported
-    modules and did nothing else (no threads, no CUDA), so no earlier trial's state leaks in.
-    """
-    import multiprocessing as mp
-
-    with _SERVER_LOCK:
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        return ctx
-
-
 def _launch(request_path: Path, config: TrainingConfig, workdir: Path) -> list[Any]:
     """Start every rank; each leads its own session and process group (see probes.child.entry)."""
-    from probes.child import entry
+    from probes.forkserver import get_server
 
-    env = dict(WORLD_SIZE=str(config.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+    env = dict(os.environ, WORLD_SIZE=str(config.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                LOCAL_WORLD_SIZE=str(config.nproc), PYTHONUNBUFFERED="1")
     if config.nproc > 1 and config.device == "cpu" and config.threads is None:
         # N ranks on one CPU: torch's default (all cores each) oversubscribes; split the cores instead.
         env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // config.nproc))
-    ctx = _context()
+    server = get_server()
     procs = []
     for rank in range(config.nproc):
         env_r = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
-        proc = ctx.Process(target=entry, args=(str(request_path), env_r, str(workdir / f"rank{rank}.log")),
-                           name=f"advisor-trial-rank{rank}")
-        proc.start()
-        procs.append(proc)
+        procs.append(server.spawn([str(request_path), str(workdir / f"rank{rank}.log")], env_r))
     return procs
 
 
