@@ -37,8 +37,9 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                 grad = p.grad
                 state = self.state[p]
                 if "sum" not in state:
-                    shape = (p.shape[0],) if p.dim() == 2 else p.shape
-                    state["sum"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
+                    # zeros_like keeps a DTensor shard (FSDP2) a DTensor: (rows,) or p's shape, fp32.
+                    like = p[:, 0] if p.dim() == 2 else p
+                    state["sum"] = torch.zeros_like(like, dtype=torch.float32, memory_format=torch.contiguous_format)
                 acc = state["sum"]
                 if p.dim() == 2:
                     acc.add_(grad.float().pow(2).mean(dim=1))
@@ -50,8 +51,13 @@ class RowWiseAdagrad(torch.optim.Optimizer):
         return None
 
 
-def make_optimizer(kind: OptimizerKind, params, impl: str | None = None) -> torch.optim.Optimizer:
-    """One optimizer of `kind`; impl is None (torch's default), 'for-loop', 'foreach' or 'fused'."""
+def optimizer_spec(kind: OptimizerKind, impl: str | None = None) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The optimizer class for `kind` and its constructor keywords (lr, momentum, foreach/fused).
+
+    Split from `make_optimizer` so a wrapper that constructs the optimizer itself (ZeRO-1's
+    ZeroRedundancyOptimizer takes a class and keywords) gets the same hyper-parameters.
+    impl is None (torch's default), 'for-loop', 'foreach' or 'fused'.
+    """
     kw: dict[str, Any] = {}
     if impl == "for-loop":
         kw["foreach"] = False
@@ -60,16 +66,22 @@ def make_optimizer(kind: OptimizerKind, params, impl: str | None = None) -> torc
     elif impl == "fused":
         kw["fused"] = True
     if kind == OptimizerKind.sgd:
-        return torch.optim.SGD(params, lr=LEARNING_RATE, **kw)
+        return torch.optim.SGD, {"lr": LEARNING_RATE, **kw}
     if kind == OptimizerKind.sgd_momentum:
-        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, **kw)
+        return torch.optim.SGD, {"lr": LEARNING_RATE, "momentum": 0.9, **kw}
     if kind == OptimizerKind.adam:
-        return torch.optim.Adam(params, lr=LEARNING_RATE, **kw)
+        return torch.optim.Adam, {"lr": LEARNING_RATE, **kw}
     if kind == OptimizerKind.adamw:
-        return torch.optim.AdamW(params, lr=LEARNING_RATE, **kw)
+        return torch.optim.AdamW, {"lr": LEARNING_RATE, **kw}
     if kind == OptimizerKind.adagrad:
-        return torch.optim.Adagrad(params, lr=LEARNING_RATE, **{k: v for k, v in kw.items() if k != "fused"})
-    return RowWiseAdagrad(params, lr=LEARNING_RATE)
+        return torch.optim.Adagrad, {"lr": LEARNING_RATE, **{k: v for k, v in kw.items() if k != "fused"}}
+    return RowWiseAdagrad, {"lr": LEARNING_RATE}
+
+
+def make_optimizer(kind: OptimizerKind, params, impl: str | None = None) -> torch.optim.Optimizer:
+    """One optimizer of `kind`; impl is None (torch's default), 'for-loop', 'foreach' or 'fused'."""
+    cls, kw = optimizer_spec(kind, impl)
+    return cls(params, **kw)
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
@@ -139,8 +151,13 @@ def _attach_fused_backward(model: nn.Module, kind: OptimizerKind, impl: str | No
 
 def prepare(model: nn.Module, loss_fn, *, precision: Precision, optimizer: OptimizerKind, device_type: str = "cpu",
             optimizer_impl: str | None = None, checkpointing: bool = False, fused_backward: bool = False,
-            fake: bool = False) -> StepContext:
-    """Cast, wrap and attach an optimizer to a built model; returns the context `train_step` uses."""
+            fake: bool = False,
+            optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None) -> StepContext:
+    """Cast, wrap and attach an optimizer to a built model; returns the context `train_step` uses.
+
+    `optimizer_factory`, when given, builds the (non-fused) optimizer from the trainable
+    parameters instead of `make_optimizer`: a measured trial passes ZeRO-1's sharded optimizer.
+    """
     if precision == Precision.bf16_pure:
         model.to(torch.bfloat16)
     if checkpointing:
@@ -149,7 +166,11 @@ def prepare(model: nn.Module, loss_fn, *, precision: Precision, optimizer: Optim
     if fused_backward:
         ctx.optimizers = _attach_fused_backward(model, optimizer, optimizer_impl)
     else:
-        ctx.optimizers = [make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], optimizer_impl)]
+        params = [p for p in model.parameters() if p.requires_grad]
+        if optimizer_factory is not None:
+            ctx.optimizers = [optimizer_factory(params)]
+        else:
+            ctx.optimizers = [make_optimizer(optimizer, params, optimizer_impl)]
     if precision == Precision.fp16:
         if fake:
             ctx.fake_scaler = True
