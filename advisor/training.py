@@ -37,8 +37,9 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                 grad = p.grad
                 state = self.state[p]
                 if "sum" not in state:
-                    shape = (p.shape[0],) if p.dim() == 2 else p.shape
-                    state["sum"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
+                    # zeros_like keeps a DTensor shard (FSDP2) a DTensor: (rows,) or p's shape, fp32.
+                    like = p[:, 0] if p.dim() == 2 else p
+                    state["sum"] = torch.zeros_like(like, dtype=torch.float32, memory_format=torch.contiguous_format)
                 acc = state["sum"]
                 if p.dim() == 2:
                     acc.add_(grad.float().pow(2).mean(dim=1))
@@ -50,8 +51,13 @@ class RowWiseAdagrad(torch.optim.Optimizer):
         return None
 
 
-def make_optimizer(kind: OptimizerKind, params, impl: str | None = None) -> torch.optim.Optimizer:
-    """One optimizer of `kind`; impl is None (torch's default), 'for-loop', 'foreach' or 'fused'."""
+def optimizer_spec(kind: OptimizerKind, impl: str | None = None) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The optimizer class for `kind` and its constructor keywords (lr, momentum, foreach/fused).
+
+    Split from `make_optimizer` so a wrapper that constructs the optimizer itself (ZeRO-1's
+    ZeroRedundancyOptimizer takes a class and keywords) gets the same hyper-parameters.
+    impl is None (torch's default), 'for-loop', 'foreach' or 'fused'.
+    """
     kw: dict[str, Any] = {}
     if impl == "for-loop":
         kw["foreach"] = False
@@ -60,16 +66,22 @@ def make_optimizer(kind: OptimizerKind, params, impl: str | None = None) -> torc
     elif impl == "fused":
         kw["fused"] = True
     if kind == OptimizerKind.sgd:
-        return torch.optim.SGD(params, lr=LEARNING_RATE, **kw)
+        return torch.optim.SGD, {"lr": LEARNING_RATE, **kw}
     if kind == OptimizerKind.sgd_momentum:
-        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, **kw)
+        return torch.optim.SGD, {"lr": LEARNING_RATE, "momentum": 0.9, **kw}
     if kind == OptimizerKind.adam:
-        return torch.optim.Adam(params, lr=LEARNING_RATE, **kw)
+        return torch.optim.Adam, {"lr": LEARNING_RATE, **kw}
     if kind == OptimizerKind.adamw:
-        return torch.optim.AdamW(params, lr=LEARNING_RATE, **kw)
+        return torch.optim.AdamW, {"lr": LEARNING_RATE, **kw}
     if kind == OptimizerKind.adagrad:
-        return torch.optim.Adagrad(params, lr=LEARNING_RATE, **{k: v for k, v in kw.items() if k != "fused"})
-    return RowWiseAdagrad(params, lr=LEARNING_RATE)
+        return torch.optim.Adagrad, {"lr": LEARNING_RATE, **{k: v for k, v in kw.items() if k != "fused"}}
+    return RowWiseAdagrad, {"lr": LEARNING_RATE}
+
+
+def make_optimizer(kind: OptimizerKind, params, impl: str | None = None) -> torch.optim.Optimizer:
+    """One optimizer of `kind`; impl is None (torch's default), 'for-loop', 'foreach' or 'fused'."""
+    cls, kw = optimizer_spec(kind, impl)
+    return cls(params, **kw)
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:

@@ -207,9 +207,14 @@ def _make_context(workload: Any, c: TrainingConfig, device: str, info: Any) -> A
         def compile_fn(m):
             return torch.compile(m, mode=mode)
 
-    return prepare(model, workload.loss_fn, precision=c.precision, optimizer=c.optimizer, device_type=c.device,
-                   optimizer_impl=c.optimizer_impl, checkpointing=c.checkpointing, fused_backward=c.fused_backward,
-                   wrap=wrap, make_opt=make_opt, compile_fn=compile_fn)
+    ctx = prepare(model, workload.loss_fn, precision=c.precision, optimizer=c.optimizer, device_type=c.device,
+                  optimizer_impl=c.optimizer_impl, checkpointing=c.checkpointing, fused_backward=c.fused_backward,
+                  wrap=wrap, make_opt=make_opt, compile_fn=compile_fn)
+    if info is not None and ctx.scaler is not None:  # fp16: FSDP2 ranks must agree on skipped steps
+        from probes.parallel import make_grad_scaler
+
+        ctx.scaler = make_grad_scaler(c.strategy, c.device)
+    return ctx
 
 
 def _timed(stepper: _Stepper, budget: TrialBudget) -> tuple[list[float], list[float]]:
