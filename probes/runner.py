@@ -228,6 +228,11 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
     hw_name = f"{hw.accelerator.name}:{config.nproc}" if config.nproc > 1 else hw.accelerator.name
     base = dict(workload=wl.name, hardware=hw_name, config=config)
     reason = inapplicable(config, hw, wl)
+    if reason is None and config.nproc > 1:
+        from probes.parallel import check_strategy
+
+        reason = check_strategy(config.strategy, config.nproc, config.device, fused_backward=config.fused_backward,
+                                optimizer_kind=config.optimizer, impl=config.optimizer_impl)
     if reason:
         return TrialResult(status=TrialStatus.invalid, error=reason, wall_s=time.monotonic() - t0, **base)
     from advisor.settings import get_settings

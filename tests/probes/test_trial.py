@@ -114,6 +114,23 @@ def test_step_variants_run(knobs):
     assert r.status == TrialStatus.ok, r.error
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "zero3"])
+def test_data_parallel_trial_runs_two_gloo_ranks_that_agree(strategy):
+    r = run_trial("tiny-mlp", {"batch_size": 8, "strategy": strategy, "nproc": 2}, hardware="cpu", budget=QUICK,
+                  estimate=False)
+    assert r.status == TrialStatus.ok, r.error
+    assert r.hardware == "cpu:2"
+    assert len(r.rank_digests) == 2 and r.rank_digests[0] == r.rank_digests[1]  # parameters agree after the steps
+    single = run_trial("tiny-mlp", {"batch_size": 8}, hardware="cpu", budget=QUICK, estimate=False)
+    assert single.rank_digests == []  # digests are taken where ranks must agree
+
+
+def test_a_strategy_that_cannot_run_is_invalid():
+    r = run_trial("tiny-mlp", {"strategy": "zero2", "nproc": 2, "optimizer": "sgd", "optimizer_impl": "fused"},
+                  hardware="cpu", estimate=False)
+    assert r.status == TrialStatus.invalid and "fused" in r.error
+
+
 def test_compile_invokes_inductor(tmp_path):
     from advisor.settings import get_settings
 
