@@ -54,6 +54,7 @@ class ChildReport(BaseModel):
     environment: Environment | None = None
     digest: str | None = None
     notes: list[str] = Field(default_factory=list)
+    marks: dict[str, float] = Field(default_factory=dict, description="time.time() at each stage, for the overhead breakdown.")
 
 
 def _rss_bytes() -> int:
@@ -237,9 +238,11 @@ def run(req: ChildRequest) -> ChildReport:
     from probes.environment import environment
     from probes.loader import build_loader, cycle
 
+    marks = {"start": time.time()}
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     c = req.config
     (info, plan), notes = _setup(req, rank, local_rank)
+    marks["setup"] = time.time()
     world = info.world_size if info is not None else 1
     set_matmul_precision(c.precision)
     workload = load_workload(req.workload, req.workload_args)
@@ -250,6 +253,7 @@ def run(req: ChildRequest) -> ChildReport:
         torch.cuda.reset_peak_memory_stats()
     base_rss = _rss_bytes()  # DESIGN.md: the resident set just before build_model()
     ctx = _make_context(workload, c, device, info)
+    marks["built"] = time.time()
     init_fn = None
     if plan is not None:
         from probes.pinning import worker_init_fn
@@ -257,6 +261,7 @@ def run(req: ChildRequest) -> ChildReport:
         init_fn = worker_init_fn(plan)
     loader = build_loader(workload, c, rank=rank, world_size=world, worker_init_fn=init_fn)
     stepper = _Stepper(ctx, cycle(loader), c, device)
+    marks["loader"] = time.time()
     # Warm-up (excluded from timing); in eager runs the last warm-up step also counts the ops.
     warmup = [stepper.step()[0] for _ in range(req.budget.warmup_steps - 1)]
     ops = None
@@ -266,7 +271,9 @@ def run(req: ChildRequest) -> ChildReport:
         warmup.append(time.perf_counter() - t)
     else:
         warmup.append(stepper.step()[0])
+    marks["warm"] = time.time()
     steps, waits = _timed(stepper, req.budget)
+    marks["timed"] = time.time()
     peak = PeakMemory(cpu_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss)
     if c.device == "cuda":
         peak = peak.model_copy(update={"cuda_allocated_bytes": torch.cuda.max_memory_allocated(),
@@ -279,7 +286,7 @@ def run(req: ChildRequest) -> ChildReport:
     return ChildReport(status=TrialStatus.ok, rank=rank, world_size=world, warmup_times=warmup, step_times=steps,
                        data_times=waits, samples_per_step=c.batch_size * c.grad_accum * world, peak=peak,
                        ops_per_step=ops, op_overhead_s=_op_overhead_s(device) if ops is not None else None,
-                       environment=environment(device), digest=digest, notes=notes)
+                       environment=environment(device), digest=digest, notes=notes, marks=marks)
 
 
 def _failure(exc: BaseException, rank: int) -> ChildReport:

@@ -20,7 +20,10 @@ import sys
 import threading
 from typing import Any
 
-PRELOAD = ["torch", "torch.utils.data", "advisor.training", "advisor.workload", "probes.child", "probes.loader"]
+# torch._dynamo: building any torch.optim optimizer imports it (~3 s here); torch.distributed for DDP/FSDP.
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.utils.checkpoint", "torch.utils.data",
+           "advisor.training", "advisor.workload", "advisor.presets", "probes.child", "probes.loader",
+           "probes.environment"]
 
 
 # --- the server (python -m probes.forkserver) ---------------------------------------------------

@@ -94,6 +94,7 @@ class TrialResult(BaseModel):
     environment: Environment | None = None
     wall_s: float = Field(default=0.0, description="The whole trial as the caller saw it (s).")
     overhead_s: float | None = Field(default=None, description="wall_s less warm-up and timed window (s).")
+    build_s: float | None = Field(default=None, description="Part of overhead_s: building, wrapping and compiling-wrapping the model, and the optimizer (s).")
     notes: list[str] = Field(default_factory=list)
     rank_digests: list[str] = Field(default_factory=list, description="Per rank: a hash of the parameters after the last step.")
 

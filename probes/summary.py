@@ -57,5 +57,6 @@ def summarize(reports: list[ChildReport | None], wl: Workload, hw: HardwareSpec,
         predicted_memory_bytes=estimate.total_bytes if estimate is not None else None,
         predicts=estimate.predicts if estimate is not None else None, compile_s=compile_s, warmup_s=warmup,
         measured_s=measured, measured_steps=len(steps), mfu=mfu, bottleneck=verdict, environment=r0.environment,
-        wall_s=wall_s, overhead_s=max(0.0, wall_s - warmup - measured), notes=[*notes, *r0.notes],
+        wall_s=wall_s, overhead_s=max(0.0, wall_s - warmup - measured),
+        build_s=r0.marks["built"] - r0.marks["setup"] if {"built", "setup"} <= r0.marks.keys() else None, notes=[*notes, *r0.notes],
         rank_digests=[r.digest for r in reports if r is not None and r.digest], **base)
