@@ -91,6 +91,10 @@ def _build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--json", action="store_true")
     probe = sub.add_parser("probe", help="describe this machine: GPUs (NVML), CPUs, NUMA nodes, memory")
     probe.add_argument("--json", action="store_true")
+
+    from advisor import cli_store
+
+    cli_store.add_parsers(sub, _positive_int)
     return parser
 
 
@@ -187,11 +191,26 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware, "probe": _cmd_probe}
+def _cmd_db(args: argparse.Namespace) -> int:
+    from advisor.cli_store import cmd_db
+
+    return cmd_db(args)
+
+
+def _cmd_results(args: argparse.Namespace) -> int:
+    from advisor.cli_store import cmd_results
+
+    return cmd_results(args)
+
+
+COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware,
+            "probe": _cmd_probe, "db": _cmd_db, "results": _cmd_results}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    from advisor.cli_store import join_dash_values
+
+    args = _build_parser().parse_args(join_dash_values(list(sys.argv[1:] if argv is None else argv)))
     from advisor.log import setup_logging
     from advisor.settings import get_settings
 
