@@ -4,8 +4,9 @@ same database keeps its own `alembic_version`, and each side ignores the other's
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from advisor.errors import StoreError
 
@@ -52,24 +53,42 @@ def current_revision(connection: "Connection") -> str | None:
     return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
 
 
+@contextlib.contextmanager
+def _migration_lock(conn: "Connection") -> Iterator[None]:
+    """One migrating process at a time: a PostgreSQL advisory lock, or for a SQLite file an flock on
+    `<file>-migrate.lock` beside it (never on the database file: closing another descriptor of it
+    would drop SQLite's own locks)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SELECT pg_advisory_lock({_LOCK_KEY})")
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({_LOCK_KEY})")
+            conn.commit()
+        return
+    database = conn.engine.url.database
+    if conn.dialect.name != "sqlite" or database in (None, "", ":memory:"):
+        yield
+        return
+    import fcntl
+
+    with open(f"{database}-migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def upgrade(engine: "Engine", revision: str = "head") -> str | None:
-    """Upgrade to `revision`; returns the revision now current. On PostgreSQL an advisory lock
-    keeps two processes from migrating at once."""
+    """Upgrade to `revision` (a no-op where it is current already); returns the revision now current."""
     from alembic import command
 
-    with engine.connect() as conn:
-        postgres = conn.dialect.name == "postgresql"
-        if postgres:
-            conn.exec_driver_sql(f"SELECT pg_advisory_lock({_LOCK_KEY})")
-            conn.commit()
-        try:
-            command.upgrade(alembic_config(conn), revision)
-            conn.commit()
-            return current_revision(conn)
-        finally:
-            if postgres:
-                conn.exec_driver_sql(f"SELECT pg_advisory_unlock({_LOCK_KEY})")
-                conn.commit()
+    with engine.connect() as conn, _migration_lock(conn):
+        command.upgrade(alembic_config(conn), revision)
+        conn.commit()
+        return current_revision(conn)
 
 
 def downgrade(engine: "Engine", revision: str) -> None:

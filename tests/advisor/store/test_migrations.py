@@ -109,3 +109,25 @@ def test_our_store_first_then_optuna(db_url):
     engine.dispose()
     with open_store(db_url) as store:
         assert store.get_study(study.id).name == "study-a"
+
+
+def _open_and_create(url: str, name: str, barrier) -> None:
+    barrier.wait()
+    with open_store(url) as store:
+        store.create_or_get_study(spec(name))
+
+
+def test_processes_opening_an_empty_database_together_all_succeed(db_url):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(3)
+    procs = [ctx.Process(target=_open_and_create, args=(db_url, f"s{i}", barrier)) for i in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert schema_diff(db_url) == []
+    with open_store(db_url) as store:
+        assert all(store.get_study(f"s{i}") is not None for i in range(3))
