@@ -92,6 +92,10 @@ def _build_parser() -> argparse.ArgumentParser:
     probe = sub.add_parser("probe", help="describe this machine: GPUs (NVML), CPUs, NUMA nodes, memory")
     probe.add_argument("--json", action="store_true", help="print JSON; with --bench: {\"probe\": ..., \"bench\": ...}")
     _add_bench_args(probe)
+
+    from advisor import cli_store
+
+    cli_store.add_parsers(sub, _positive_int)
     return parser
 
 
@@ -234,12 +238,26 @@ def _run_bench(args: argparse.Namespace):
         return run_bench(workload, workload_args=parse_workload_args(args.workload_arg), seconds=seconds)
 
 
+def _cmd_db(args: argparse.Namespace) -> int:
+    from advisor.cli_store import cmd_db
+
+    return cmd_db(args)
+
+
+def _cmd_results(args: argparse.Namespace) -> int:
+    from advisor.cli_store import cmd_results
+
+    return cmd_results(args)
+
+
 COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware,
-            "probe": _cmd_probe}
+            "probe": _cmd_probe, "db": _cmd_db, "results": _cmd_results}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    from advisor.cli_store import join_dash_values
+
+    args = _build_parser().parse_args(join_dash_values(list(sys.argv[1:] if argv is None else argv)))
     from advisor.log import setup_logging
     from advisor.settings import get_settings
 

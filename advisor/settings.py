@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     log_level: str = Field(default="WARNING", description="Python logging level name.")
     memory_margin: float = Field(default=0.05, ge=0.0, lt=1.0, description="Fraction of device memory kept free when deciding what fits.")
     calibrate: bool = Field(default=True, description="Allow a short real calibration run when the target is the local CPU.")
+    database_url: str = Field(default_factory=lambda data: f"sqlite:///{data['data_dir'] / 'advisor.db'}",
+                              description="SQLAlchemy URL of the result store (postgresql:// is accepted and means psycopg 3).")
+    sqlite_busy_timeout_s: float = Field(default=10.0, gt=0, description="How long SQLite waits for another process's lock (s).")
     trace_param_limit: int = Field(default=3_000_000_000, gt=0, description="Models with more parameters than this use the analytic path (parameters).")
 
 

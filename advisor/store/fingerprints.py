@@ -1,0 +1,41 @@
+"""Stable hashes that key stored results: a configuration, a hardware target, the software stack."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from advisor.hardware.spec import HardwareSpec
+    from probes.config import TrainingConfig
+
+
+def _digest(obj: Any) -> str:
+    """sha256 of canonical JSON (sorted keys, no spaces), so equal content hashes equally anywhere."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def config_hash(config: "TrainingConfig") -> str:
+    """Every knob, defaults included: two configs hash equally exactly when they set the same knobs."""
+    return _digest(config.model_dump(mode="json"))
+
+
+def hardware_fingerprint(hw: "HardwareSpec") -> str:
+    """What results depend on: the accelerator and the shape of the target. Probe notes and the
+    is_local flag are left out, so a probed machine and its catalog entry with the same figures match."""
+    return _digest(hw.model_dump(mode="json", exclude={"note", "is_local"}))
+
+
+def software_versions() -> dict[str, str | None]:
+    """torch, Python and CUDA versions (CUDA None on a CPU build of torch)."""
+    import torch
+
+    return {"torch": torch.__version__, "python": platform.python_version(), "cuda": torch.version.cuda}
+
+
+def software_fingerprint(versions: dict[str, str | None] | None = None) -> str:
+    """A hash of `software_versions()`; a measured figure is reused only under the same one."""
+    return _digest(versions if versions is not None else software_versions())

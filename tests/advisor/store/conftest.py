@@ -1,0 +1,49 @@
+"""The database under test: a SQLite file, and (where ADVISOR_TEST_POSTGRES_URL names a server) a fresh
+PostgreSQL database with a random name, dropped afterwards. An unreachable server fails the test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+PG_ENV = "ADVISOR_TEST_POSTGRES_URL"
+
+
+def _pg_admin(server_url: str):  # noqa: ANN202
+    import psycopg
+
+    dsn = server_url.replace("postgresql+psycopg://", "postgresql://")
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"{PG_ENV}={server_url} is set but the server cannot be reached: {exc}")
+
+
+@pytest.fixture
+def postgresql_url() -> str:
+    server = os.environ.get(PG_ENV)
+    if not server:
+        pytest.skip(f"{PG_ENV} is not set; set it (e.g. postgresql://postgres@127.0.0.1:5432/postgres) to run "
+                    f"the PostgreSQL half of these tests")
+    from sqlalchemy.engine import make_url
+
+    name = f"advisor_test_{uuid.uuid4().hex[:12]}"
+    with _pg_admin(server) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield make_url(server.replace("postgresql://", "postgresql+psycopg://", 1)).set(database=name) \
+        .render_as_string(hide_password=False)
+    with _pg_admin(server) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'store' / 'advisor.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    return request.getfixturevalue(f"{request.param}_url")
