@@ -32,6 +32,9 @@ def _send(msg: dict[str, Any]) -> None:
     os.write(1, (json.dumps(msg) + "\n").encode())
 
 
+_CHILDREN: set[int] = set()
+
+
 def _fork(msg: dict[str, Any]) -> None:
     pid = os.fork()
     if pid == 0:  # the trial rank: never returns
@@ -46,6 +49,7 @@ def _fork(msg: dict[str, Any]) -> None:
             entry(*msg["argv"])
         finally:
             os._exit(70)  # entry exits by itself; reaching here means it could not start
+    _CHILDREN.add(pid)
     _send({"id": msg["id"], "pid": pid})
 
 
@@ -58,6 +62,7 @@ def _reap() -> None:
         if pid == 0:
             return
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        _CHILDREN.discard(pid)
         _send({"pid": pid, "exit": code})
 
 
@@ -71,8 +76,13 @@ def serve() -> None:
         ready, _, _ = select.select([0], [], [], 0.05)
         if ready:
             chunk = os.read(0, 1 << 16)
-            if not chunk:
-                return  # running trials are the client's to kill; it does so on its way out
+            if not chunk:  # the client is gone (even killed): its running trials go with it
+                for pid in _CHILDREN:
+                    try:
+                        os.killpg(pid, 9)  # each rank leads its own group: it and its DataLoader workers
+                    except OSError:
+                        pass
+                return
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)

@@ -1,0 +1,282 @@
+"""`run_tune`: Optuna samplers driven through Ray Tune's OptunaSearch over measured trials.
+
+The study lives in our store and, for the sampler, in Optuna's RDB storage in the same database
+(optuna-dashboard opens it). A rerun after a crash or SIGKILL continues the same study: Optuna
+loads its finished trials (the sampler learns from them), stale RUNNING ones are failed, and
+configurations that were being measured are retried once (before anything new).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.errors import SpecError
+from advisor.store.records import Objective, RecordStatus, StudySpec
+from advisor.tune.request import TuneRequest
+from advisor.tune.summary import TuneSummary, summarize_study
+from advisor.tune.trainable import StudyContext, ray_trainable
+from probes.config import TrainingConfig
+
+log = logging.getLogger(__name__)
+DUPLICATE_FACTOR = 4  # Ray trials allowed per distinct configuration (samplers repeat themselves)
+
+
+def _objective(req: TuneRequest, tokens: bool) -> Objective:
+    metrics = [{"name": "tokens_per_s" if tokens else "samples_per_s", "direction": "maximize"}]
+    if req.objective == "throughput,memory":
+        metrics.append({"name": "peak_memory_bytes", "direction": "minimize"})
+    return Objective(metrics=metrics)
+
+
+def _sampler(req: TuneRequest):
+    import optuna
+
+    name = req.resolved_sampler()
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=req.seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=req.seed)
+    if name == "brute-force":
+        return optuna.samplers.BruteForceSampler(seed=req.seed)
+    return optuna.samplers.TPESampler(seed=req.seed, n_startup_trials=5)
+
+
+def _optuna_storage(url: str):
+    """Optuna's RDB storage in our database; trials a killed run left RUNNING become FAIL."""
+    import optuna
+
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def _fail_stale(storage, study_name: str) -> None:
+    import optuna
+
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return
+    for trial in storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
+
+
+class _Plan:
+    """What the driver decides per Optuna trial: queued configs first (baseline, retries), then the sampler."""
+
+    def __init__(self, space, context, queued: list[TrainingConfig]) -> None:
+        self.space, self.context, self.queued = space, context, list(queued)
+
+    def define_by_run(self, trial) -> dict[str, Any]:
+        from search_spaces import suggest
+
+        if self.queued:
+            config = self.queued.pop(0)
+            trial.set_user_attr("queued", True)
+            return {"training_config": config.model_dump_json()}
+        config = suggest(self.space, trial, self.context)
+        return {"training_config": config.model_dump_json() if config is not None else None}
+
+
+class _Budget:
+    """Stops the experiment at the distinct-configuration budget, the patience, or the time limit."""
+
+    def __init__(self, remaining: int, patience: int | None) -> None:
+        self.remaining, self.patience = remaining, patience
+        self.seen: set[int] = set()
+        self.best: float | None = None
+        self.since_best = 0
+        self.reason: str | None = None
+
+    def observe(self, result: dict[str, Any]) -> None:
+        rid = result.get("record_id")
+        if rid is None or rid in self.seen or result.get("reused"):
+            return
+        self.seen.add(rid)
+        value = result.get("objective", 0.0)
+        if result.get("status") == "ok" and (self.best is None or value > self.best):
+            self.best, self.since_best = value, 0
+        else:
+            self.since_best += 1
+        if len(self.seen) >= self.remaining:
+            self.reason = f"measured the {self.remaining} configuration(s) this run's budget allows"
+        elif self.patience and self.since_best >= self.patience:
+            self.reason = f"no better configuration in the last {self.patience} trials"
+
+    def done(self) -> bool:
+        return self.reason is not None
+
+
+def _ray_init(req: TuneRequest) -> bool:
+    """Start a local Ray (temp dir under the data dir) or join --ray-address; True if we started it."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    from advisor.settings import get_settings
+
+    if ray.is_initialized():
+        return False
+    env = {k: v for k, v in os.environ.items() if k.startswith("ADVISOR_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    common = dict(log_to_driver=False, configure_logging=False, runtime_env={"env_vars": env})
+    if req.ray_address:
+        ray.init(address=req.ray_address, **common)
+        return True
+    temp = get_settings().data_dir / "ray"
+    temp.mkdir(parents=True, exist_ok=True)
+    ray.init(_temp_dir=str(temp), include_dashboard=False, num_cpus=len(os.sched_getaffinity(0)), **common)
+    return True
+
+
+def _resources(hw) -> Callable[[dict[str, Any]], dict[str, float]]:
+    """CPUs and GPUs a trial reserves: on a CPU target the whole machine (trials must not share cores)."""
+    import ray
+
+    total_cpu = ray.cluster_resources().get("CPU", 1.0)
+
+    def per_trial(config: dict[str, Any]) -> dict[str, float]:
+        raw = config.get("training_config")
+        if hw.device_type == "cpu" or raw is None:
+            return {"cpu": total_cpu}
+        tc = TrainingConfig.model_validate_json(raw)
+        per_gpu = max(1.0, total_cpu / max(hw.devices_per_node, 1))
+        return {"cpu": min(total_cpu, tc.nproc * min(per_gpu, tc.num_workers + 1)), "gpu": float(tc.nproc)}
+
+    return per_trial
+
+
+def _prepare(req: TuneRequest):
+    """Workload, hardware, space, context and baseline; SpecError for anything the user got wrong."""
+    from advisor.hardware import get_hardware
+    from advisor.workload import load_workload
+    from search_spaces import SpaceContext, apply_fixes, baseline, load_space
+
+    wl = load_workload(req.workload, req.workload_args)
+    hw = get_hardware(req.hardware)
+    space = apply_fixes(load_space(req.space), req.fixes)
+    try:
+        context = SpaceContext.for_target(hw, wl, global_batch_size=req.global_batch_size)
+    except ValueError as exc:
+        raise SpecError(str(exc).splitlines()[-1]) from exc
+    return wl, hw, space, context, baseline(context)
+
+
+def _open_study(req: TuneRequest, wl, hw, space, objective: Objective):
+    from advisor.fingerprint import workload_fingerprint
+    from advisor.store import hardware_fingerprint, open_store, software_fingerprint, software_versions
+
+    store = open_store(req.db)
+    spec = StudySpec(name=req.study_name(wl.name, hw.accelerator.name), workload_fp=workload_fingerprint(wl),
+                     workload_name=wl.name, workload_description={"spec": req.workload, "args": req.workload_args},
+                     hardware_fp=hardware_fingerprint(hw), hardware_name=hw.accelerator.name,
+                     hardware_spec=hw.model_dump(mode="json"), space=space.model_dump(mode="json"),
+                     objective=objective, software=software_versions())
+    study = store.create_or_get_study(spec)
+    ctx = StudyContext(request=req, study_id=study.id, workload_fp=spec.workload_fp, hardware_fp=spec.hardware_fp,
+                       software_fp=software_fingerprint(), db_url=store.url, objective=objective)
+    return store, study, ctx
+
+
+def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> TuneSummary:
+    """Tune `req.workload` on `req.hardware`; see the module docstring. Returns the study's summary."""
+    from advisor.store import config_hash
+
+    t0 = time.monotonic()
+    req = req.absolute()
+    wl, hw, space, context, base = _prepare(req)
+    objective = _objective(req, bool(wl.tokens_per_sample))
+    store, study, ctx = _open_study(req, wl, hw, space, objective)
+    interrupted = store.mark_interrupted(study.id)
+    retries = [r.config for r in store.retries_due(study.id)]
+    records = store.study_trials(study.id)
+    done = {r.config_hash for r in records if r.status not in (RecordStatus.running, RecordStatus.interrupted)}
+    queued = ([] if config_hash(base) in done else [base]) + retries
+    remaining = max(0, req.trials - len(done))
+    stats = {"interrupted": interrupted, "retried": len(retries), "resumed_from": len(done)}
+    if remaining:
+        stats.update(_search(req, hw, space, context, ctx, study, queued, remaining, on_result))
+    store.finish_study(study.id)
+    return summarize_study(store, study.id, base, ctx, stats, time.monotonic() - t0)
+
+
+def _search(req, hw, space, context, ctx: StudyContext, study, queued, remaining, on_result) -> dict[str, Any]:
+    """The Ray Tune experiment: OptunaSearch over the space, one Ray trial per suggestion."""
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    started = _ray_init(req)
+    try:
+        storage = _optuna_storage(ctx.db_url)
+        _fail_stale(storage, study.optuna_study_name)
+        plan = _Plan(space, context, queued)
+        multi = len(ctx.objective.metrics) > 1
+        search = OptunaSearch(space=plan.define_by_run, metric=["objective", "memory"] if multi else "objective",
+                              mode=["max", "min"] if multi else "max", sampler=_sampler(req),
+                              study_name=study.optuna_study_name, storage=storage, seed=req.seed)
+        budget = _Budget(remaining, req.patience)
+        callback = _make_callback(budget, remaining, on_result)
+        tuner = tune.Tuner(
+            tune.with_resources(tune.with_parameters(ray_trainable, ctx_json=ctx.model_dump_json()), _resources(hw)),
+            tune_config=tune.TuneConfig(search_alg=search, num_samples=remaining * DUPLICATE_FACTOR,
+                                        max_concurrent_trials=_concurrency(hw), time_budget_s=req.time_budget_s,
+                                        reuse_actors=True),
+            run_config=tune.RunConfig(name=_safe(study.name), storage_path=str(_results_dir()), verbose=0,
+                                      stop=_make_stopper(budget), callbacks=[callback]))
+        t = time.monotonic()
+        tuner.fit()
+        return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
+                "ray_trials": callback.count}
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def _concurrency(hw) -> int:
+    return 1 if hw.device_type == "cpu" else hw.devices_per_node
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _results_dir() -> Path:
+    from advisor.settings import get_settings
+
+    path = get_settings().data_dir / "ray_results"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _make_stopper(budget: _Budget):
+    from ray.tune import Stopper
+
+    class BudgetStopper(Stopper):
+        def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+            return False  # each trial reports once and ends by itself
+
+        def stop_all(self) -> bool:
+            return budget.done()
+
+    return BudgetStopper()
+
+
+def _make_callback(budget: _Budget, total: int, on_result):
+    """Feeds Ray's per-trial results to the budget and to the caller's progress display."""
+    from ray.tune import Callback
+
+    class ProgressCallback(Callback):
+        count = 0
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            ProgressCallback.count += 1
+            budget.observe(result)
+            if on_result is not None:
+                on_result({**result, "config": trial.config.get("training_config")}, len(budget.seen), total)
+
+    return ProgressCallback()

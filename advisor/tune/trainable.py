@@ -1,0 +1,151 @@
+"""One tuner trial, inside a Ray worker: claim the configuration, reuse or prune it, or measure it
+for real, store the outcome, and report the objective to Ray (and so to Optuna).
+
+Nothing here may crash the study: a trial that fails is a stored result with its status.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from advisor.store.records import Objective, RecordStatus, TrialQuery, TrialRecord
+from advisor.tune.request import TuneRequest
+from probes.config import TrainingConfig
+
+log = logging.getLogger(__name__)
+MEMORY_PENALTY = 1e18  # bytes reported for a trial that measured nothing, in the two-objective search
+_STORES: dict[str, Any] = {}  # one open store per database URL in each worker process
+
+
+class StudyContext(BaseModel):
+    """What every trial of one study shares; sent to the Ray workers as JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request: TuneRequest
+    study_id: int
+    workload_fp: str
+    hardware_fp: str
+    software_fp: str
+    db_url: str
+    objective: Objective
+
+    @property
+    def metric(self) -> str:
+        return self.objective.metrics[0].name
+
+
+def _store(url: str):
+    from advisor.store import open_store
+
+    if url not in _STORES:
+        _STORES[url] = open_store(url)
+    return _STORES[url]
+
+
+def metrics_of(rec: TrialRecord, ctx: StudyContext, *, reused: bool) -> dict[str, Any]:
+    """What Ray reports for a stored trial: the objective(s), with penalties for no measurement."""
+    ok = rec.status == RecordStatus.ok
+    value = getattr(rec, ctx.metric) if ok else None
+    out: dict[str, Any] = {"objective": float(value or 0.0), "status": rec.status.value, "record_id": rec.id,
+                           "reused": reused, "samples_per_s": rec.samples_per_s or 0.0}
+    if len(ctx.objective.metrics) > 1:
+        out["memory"] = float(rec.peak_memory_bytes) if ok and rec.peak_memory_bytes else MEMORY_PENALTY
+    return out
+
+
+def _wait_for(store, ctx: StudyContext, config_hash: str) -> TrialRecord | None:
+    """The study's last attempt at this configuration, once no process is measuring it."""
+    deadline = time.monotonic() + ctx.request.trial_budget.timeout_s + 120
+    while True:
+        found = store.query_trials(TrialQuery(study=ctx.study_id, config_hash=config_hash, sort="-attempt", limit=1))
+        if found and found[0].status != RecordStatus.running or time.monotonic() > deadline:
+            return found[0] if found else None
+        time.sleep(1.0)
+
+
+def _oom_block(store, ctx: StudyContext, config: TrainingConfig) -> str | None:
+    """An OOM at batch b in this study rules out b and above with the same other knobs."""
+    from search_spaces import OomFrontier
+
+    frontier = OomFrontier()
+    for rec in store.query_trials(TrialQuery(study=ctx.study_id, status=RecordStatus.oom)):
+        frontier.record_oom(rec.config)
+    return frontier.blocks(config)
+
+
+def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRecord:
+    """Prune by the OOM frontier and the estimate, else run the trial; store what happened."""
+    from advisor.hardware import get_hardware
+    from probes.runner import run_trial
+    from search_spaces import feasibility
+
+    req = ctx.request
+    blocked = _oom_block(store, ctx, config)
+    if blocked:
+        return store.prune_trial(claim, blocked)
+    hw = get_hardware(req.hardware)
+    feas = feasibility(req.workload, req.workload_args, hw, config, req.margin)
+    estimate = feas.model_dump(mode="json")
+    if not feas.launch:
+        return store.prune_trial(claim, feas.reason, estimate=estimate, predicted_memory_bytes=feas.total_bytes)
+    result = run_trial(req.workload, config, hardware=hw, workload_args=req.workload_args, budget=req.trial_budget)
+    rec = store.finish_trial(claim, result, estimate=estimate)
+    if result.ok:
+        store.update_best(ctx.workload_fp, ctx.hardware_fp, ctx.objective, rec.id)
+        _record_peak(req, hw, config, result)
+    return rec
+
+
+def _record_peak(req: TuneRequest, hw, config: TrainingConfig, result) -> None:
+    """A measured peak refines the estimator for this workload and device (next max batch: no OOM)."""
+    try:
+        from advisor.estimate.measured import record_trial_peak
+    except ImportError:  # the estimator's refinement store is not part of this build
+        return
+    record_trial_peak(req.workload, req.workload_args, hw, config, result)
+
+
+def evaluate(ctx: StudyContext, config_json: str | None) -> dict[str, Any]:
+    """Claim, reuse, prune or measure one configuration; the metrics to report."""
+    from advisor.store import config_hash
+    from probes.result import TrialResult, TrialStatus
+
+    if config_json is None:  # the draw cannot reach the global batch size: nothing to run
+        return _nothing(ctx, "invalid")
+    config = TrainingConfig.model_validate_json(config_json)
+    store, key = _store(ctx.db_url), config_hash(config)
+    claim = store.claim_trial(ctx.study_id, config)
+    if claim is None:  # measured in this study already, or being measured by another tuner
+        rec = _wait_for(store, ctx, key)
+        return metrics_of(rec, ctx, reused=True) if rec else _nothing(ctx, "error")
+    prev = None if ctx.request.remeasure else store.find_measured(ctx.workload_fp, ctx.hardware_fp, ctx.software_fp, key)
+    try:
+        if prev is not None and prev.result is not None:
+            rec = store.finish_trial(claim, prev.result, estimate=prev.estimate)
+            if prev.status == RecordStatus.ok:
+                store.update_best(ctx.workload_fp, ctx.hardware_fp, ctx.objective, rec.id)
+            return metrics_of(rec, ctx, reused=True)
+        return metrics_of(_measure(store, ctx, claim, config), ctx, reused=False)
+    except Exception as exc:  # noqa: BLE001 - a bug of ours in one trial is that trial's error, not the study's end
+        log.exception("trial failed inside the tuner")
+        failed = TrialResult(status=TrialStatus.error, error=f"{type(exc).__name__}: {exc}", workload=ctx.request.workload,
+                             hardware=ctx.request.hardware, config=config)
+        return metrics_of(store.finish_trial(claim, failed), ctx, reused=False)
+
+
+def _nothing(ctx: StudyContext, status: str) -> dict[str, Any]:
+    """Metrics for a draw that measured nothing and left no stored row."""
+    return {"objective": 0.0, "status": status, "record_id": None, "reused": False, "samples_per_s": 0.0,
+            **({"memory": MEMORY_PENALTY} if len(ctx.objective.metrics) > 1 else {})}
+
+
+def ray_trainable(config: dict[str, Any], ctx_json: str) -> None:
+    """The function Ray Tune runs for each trial."""
+    from ray import tune
+
+    tune.report(evaluate(StudyContext.model_validate_json(ctx_json), config.get("training_config")))
