@@ -149,6 +149,7 @@ def record_measured_peak(workload: Workload, hardware: HardwareSpec, request: Es
         point = PeakPoint(fingerprint=workload_fingerprint(workload), device=device_key(hardware),
                           batch_size=request.batch_size, peak_bytes=peak_bytes, predicted_bytes=predicted_bytes, **knobs)
     except ValidationError as exc:
-        raise SpecError(f"not a valid measured peak: {str(exc).splitlines()[-1].strip()}") from exc
+        err = exc.errors()[0]
+        raise SpecError(f"not a valid measured peak: {'.'.join(map(str, err['loc']))}: {err['msg']}") from exc
     (store or default_peaks()).add(point)
     return point
