@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_BATCH_LIMIT = 1 << 22  # samples: the search stops here
+# A second calibration round near the predicted largest batch runs only when the predicted resident
+# set at half of it is at most this share of this host's memory (two runs go at once): cheap runs,
+# no risk to the host. Asked about this host's own memory, the largest batch's half is about half
+# of it, so the common `estimate` on the local CPU never pays for the round.
+RECALIBRATE_HOST_SHARE = 0.25
 
 
 def _resolve(workload: Workload | str, hardware: HardwareSpec | str, workload_args: dict[str, Any] | None):
@@ -162,6 +167,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         parts["overhead"] = 0
     fits = total + ov.runtime <= usable
     by_strategy = {s.value: ev.max_batch(usable, s) for s in _strategies(hw)}
+    if calib is not None and ev.refined is None:
+        again = _max_batch_near(ev, workload, workload_args, by_strategy[req.strategy.value], usable, notes)
+        by_strategy[req.strategy.value] = by_strategy[req.strategy.value] if again is None else again
     step_s = samples_s = None
     moved = tr.param_bytes * 3 + tr.opt_state_bytes * 2 + parts["activations"] * 2
     try:
@@ -243,3 +251,26 @@ def _measured_refinement(wl: Workload, hw: HardwareSpec, req: EstimateRequest, c
         return None
     key = point_key(workload_fingerprint(wl), device_key(hw), request_knobs(req, hw.world_size, compile_mode, predicts))
     return refine([(p.batch_size, p.peak_bytes) for p in store.points(key)], predicted)
+
+
+def _max_batch_near(ev: _Evaluator, workload: Workload | str, workload_args: dict[str, Any] | None, first: int,
+                    usable: int, notes: list[str]) -> int | None:
+    """The largest batch re-solved after real runs at a quarter and a half of the first answer (CPU,
+    calibrated), when those runs are cheap; None when no second round ran (see calibrate.py)."""
+    import os
+
+    from advisor.estimate.calibrate import Calibration, recalibrate_near
+
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if not isinstance(ev.calib, Calibration) or not isinstance(workload, str) or first < 2:
+        return None
+    if ev.predicted_total(first // 2) > RECALIBRATE_HOST_SHARE * host:
+        return None
+    calib = recalibrate_near(workload, workload_args or {}, ev.req, ev.bm, ev.calib, first)
+    if calib is None:
+        return None
+    again = _Evaluator(ev.hw, ev.req, ev.bm, calib).max_batch(usable)
+    notes.append(f"largest batch re-solved after calibrating again near it (batch sizes {', '.join(map(str, calib.batches))}:"
+                 f" resident = persistent + {calib.slope:.2f} x transient + {calib.intercept / 2**20:.0f} MiB): "
+                 f"{first} -> {again}")
+    return again
