@@ -36,6 +36,7 @@ AGREEMENT = 0.02
 class Calibration(CpuCalibration):
     batches: tuple[int, ...] = ()
     used_real_traces: bool = False
+    rss: tuple[tuple[int, int], ...] = ()  # (batch size, measured resident-set increase in bytes) of each run
 
 
 def calibration_batches(batch: int) -> tuple[int, ...]:
@@ -112,9 +113,31 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
     _, transient_hi = persistent_transient(scaled_curve(req, chosen.at(hi), 1))
     hidden = max(0, (res[("alloc", hi)].alloc_peak_bytes or 0) - chosen.at(hi).peak_bytes)
     ratio = hidden / transient_hi if transient_hi else 0.0
-    split = [persistent_transient(scaled_curve(req, chosen.at(b), 1)) for b in rss_batches]
-    split = [(p, int(t * (1 + ratio))) for p, t in split]
-    extra = [res[("rss", b)].rss_delta_bytes - p for b, (p, _) in zip(rss_batches, split)]
-    intercept, slope = _fit([t for _, t in split], extra)
+    rss = tuple((b, int(res[("rss", b)].rss_delta_bytes)) for b in rss_batches)
+    intercept, slope = _fit_resident(req, chosen, ratio, rss)
     return Calibration(intercept=intercept, slope=slope, hidden_ratio=ratio, batches=rss_batches,
-                       used_real_traces=use_real), chosen
+                       used_real_traces=use_real, rss=rss), chosen
+
+
+def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple[tuple[int, int], ...]):
+    """(intercept, slope) of resident - persistent = intercept + slope x transient over the runs."""
+    split = [persistent_transient(scaled_curve(req, bm.at(b), 1)) for b, _ in rss]
+    split = [(p, int(t * (1 + ratio))) for p, t in split]
+    return _fit([t for _, t in split], [r - p for (_, r), (p, _) in zip(rss, split)])
+
+
+def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel, first: Calibration,
+                     batch: int) -> Calibration | None:
+    """A second round of resident-set runs at a quarter and a half of `batch` (a predicted largest
+    batch far from the first round's), fitted together with the first round's runs: the fit then
+    reaches the batch sizes it is asked about instead of extrapolating from small ones. The batch
+    model (traces) stays: tensor sizes extrapolate exactly; the resident set is what does not.
+    None when the first round already ran at those batch sizes."""
+    new = sorted({max(1, batch // 4), max(1, batch // 2)} - set(first.batches))
+    if not new:
+        return None
+    res = _run_parallel({b: _request(spec, args, req, b, "rss") for b in new})
+    rss = first.rss + tuple((b, int(res[b].rss_delta_bytes)) for b in new)
+    intercept, slope = _fit_resident(req, bm, first.hidden_ratio, rss)
+    return Calibration(intercept=intercept, slope=slope, hidden_ratio=first.hidden_ratio,
+                       batches=tuple(sorted(first.batches + tuple(new))), used_real_traces=first.used_real_traces, rss=rss)

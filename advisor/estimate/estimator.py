@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.errors import EstimateError, SpecError
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import Breakdown, EstimateRequest, MemoryEstimate
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
+from advisor.estimate.refine import Refinement, refine
 from advisor.estimate.roofline import step_time
 from advisor.estimate.strategy import peak_breakdown, persistent_transient, scaled_curve
 from advisor.estimate.trace import Trace, trace_training
 from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
 
+if TYPE_CHECKING:
+    from advisor.peaks import MeasuredPeaks
+
 log = logging.getLogger(__name__)
 MAX_BATCH_LIMIT = 1 << 22  # samples: the search stops here
+# A second calibration round near the predicted largest batch runs only when the predicted resident
+# set at half of it is at most this share of this host's memory (two runs go at once): cheap runs,
+# no risk to the host. Asked about this host's own memory, the largest batch's half is about half
+# of it, so the common `estimate` on the local CPU never pays for the round.
+RECALIBRATE_HOST_SHARE = 0.25
 
 
 def _resolve(workload: Workload | str, hardware: HardwareSpec | str, workload_args: dict[str, Any] | None):
@@ -35,6 +44,7 @@ class _Evaluator:
 
     def __init__(self, hw: HardwareSpec, req: EstimateRequest, bm: BatchModel, calib: CpuCalibration | None):
         self.hw, self.req, self.bm, self.calib = hw, req, bm, calib
+        self.refined: Refinement | None = None  # measured peaks of req's configuration (refine.py)
 
     def at(self, b: int, strategy: Strategy | None = None) -> tuple[Trace, int, dict[str, int], Overhead]:
         req = self.req if strategy is None else self.req.model_copy(update={"strategy": strategy})
@@ -51,9 +61,19 @@ class _Evaluator:
             ov = cuda_overhead(tr, allocated)
         return tr, allocated, parts, ov
 
-    def device_bytes(self, b: int, strategy: Strategy | None = None) -> int:
+    def predicted_total(self, b: int) -> int:
+        """The estimator's own total for the request at batch b (bytes), before measured peaks."""
+        return self.at(b)[3].total
+
+    def total(self, b: int, strategy: Strategy | None = None) -> tuple[int, int]:
+        """(total, runtime) at batch b (bytes); measured peaks refine the request's own strategy only."""
         _, _, _, ov = self.at(b, strategy)
-        return ov.total + ov.runtime
+        if self.refined is not None and strategy in (None, self.req.strategy):
+            return self.refined.total(b, self.predicted_total), ov.runtime
+        return ov.total, ov.runtime
+
+    def device_bytes(self, b: int, strategy: Strategy | None = None) -> int:
+        return sum(self.total(b, strategy))
 
     def max_batch(self, usable: int, strategy: Strategy | None = None) -> int:
         if self.device_bytes(1, strategy) > usable:
@@ -97,12 +117,15 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
                     strategy: Strategy | str = Strategy.single, checkpointing: bool = False, fused_backward: bool = False,
                     offload_optimizer: bool = False, offload_params: bool = False, optimizer_impl: str | None = None,
                     workload_args: dict[str, Any] | None = None, calibrate: bool | None = None,
-                    margin: float | None = None, method: str = "auto") -> MemoryEstimate:
+                    margin: float | None = None, method: str = "auto", measured: bool | MeasuredPeaks = True,
+                    compile_mode: str = "none") -> MemoryEstimate:
     """Predict per-device peak memory of a training step, whether it fits, and the largest batch.
 
     `method`: 'traced' (fake-tensor trace), 'analytic' (decoder formulas), or 'auto' (analytic
     for decoders above settings.trace_param_limit parameters, else traced). `calibrate`: allow
     a short real run at small batches when the target is this machine's CPU (default: settings).
+    `measured`: refine with measured peaks of the same workload fingerprint, device and knobs
+    (`compile_mode` among them) from the default store (True), the given store, or not (False).
     """
     from advisor.settings import get_settings
 
@@ -131,14 +154,22 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         calib, bm = _calibrate(workload, workload_args, req, bm, notes)
 
     ev = _Evaluator(hw, req, bm, calib)
+    predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
+    if measured:
+        ev.refined = _measured_refinement(wl, hw, req, compile_mode, predicts, measured, ev.predicted_total)
+        if ev.refined is not None:
+            notes.append(ev.refined.note())
     tr, allocated, parts, ov = ev.at(batch)
-    total = ov.total
+    total, _ = ev.total(batch)
     parts["overhead"] = total - sum(parts.values())
     if parts["overhead"] < 0:
         parts["temporaries"] += parts["overhead"]
         parts["overhead"] = 0
     fits = total + ov.runtime <= usable
     by_strategy = {s.value: ev.max_batch(usable, s) for s in _strategies(hw)}
+    if calib is not None and ev.refined is None:
+        again = _max_batch_near(ev, workload, workload_args, by_strategy[req.strategy.value], usable, notes)
+        by_strategy[req.strategy.value] = by_strategy[req.strategy.value] if again is None else again
     step_s = samples_s = None
     moved = tr.param_bytes * 3 + tr.opt_state_bytes * 2 + parts["activations"] * 2
     try:
@@ -146,13 +177,12 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         samples_s = batch * hw.world_size / step_s if step_s > 0 else None
     except ValueError as exc:
         notes.append(f"no roofline: {exc}")
-    predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
     return MemoryEstimate(
         workload=wl.name, hardware=hw.accelerator.name, request=req, world_size=hw.world_size, predicts=predicts,
         total_bytes=total, allocated_bytes=ov.allocated, breakdown=Breakdown(**parts), runtime_bytes=ov.runtime,
         device_memory_bytes=hw.memory_per_device_bytes, usable_bytes=usable, fits=fits,
         max_batch_size=by_strategy.get(req.strategy.value, ev.max_batch(usable)), max_batch_by_strategy=by_strategy,
-        method=used, calibrated=calib is not None, num_params=tr.num_params, flops_per_step=tr.flops_per_step,
+        method=used, calibrated=calib is not None, refined_by=ev.refined.points if ev.refined else 0, num_params=tr.num_params, flops_per_step=tr.flops_per_step,
         predicted_step_s=step_s, predicted_samples_per_s=samples_s, notes=notes, seconds=time.perf_counter() - t0)
 
 
@@ -202,3 +232,45 @@ def _decoder_params(wl: Workload) -> int:
     from advisor.estimate.analytic import decoder_param_count
 
     return decoder_param_count(wl.decoder)
+
+
+def _measured_refinement(wl: Workload, hw: HardwareSpec, req: EstimateRequest, compile_mode: str, predicts: str,
+                         measured: bool | MeasuredPeaks, predicted: Callable[[int], int]) -> Refinement | None:
+    """The store I/O at the estimator's edge: this configuration's measured peaks, fitted (refine.py).
+
+    A CPU's measured resident sets describe only the host they ran on, so a CPU target uses them
+    only when it is this machine; a GPU's carry over to devices of the same catalog model.
+    """
+    from advisor.fingerprint import workload_fingerprint
+    from advisor.peaks import default_peaks, device_key, point_key, request_knobs
+
+    if hw.device_type == "cpu" and not hw.is_local:
+        return None
+    store = default_peaks() if measured is True else measured
+    if not store.may_hold_points():
+        return None
+    key = point_key(workload_fingerprint(wl), device_key(hw), request_knobs(req, hw.world_size, compile_mode, predicts))
+    return refine([(p.batch_size, p.peak_bytes) for p in store.points(key)], predicted)
+
+
+def _max_batch_near(ev: _Evaluator, workload: Workload | str, workload_args: dict[str, Any] | None, first: int,
+                    usable: int, notes: list[str]) -> int | None:
+    """The largest batch re-solved after real runs at a quarter and a half of the first answer (CPU,
+    calibrated), when those runs are cheap; None when no second round ran (see calibrate.py)."""
+    import os
+
+    from advisor.estimate.calibrate import Calibration, recalibrate_near
+
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if not isinstance(ev.calib, Calibration) or not isinstance(workload, str) or first < 2:
+        return None
+    if ev.predicted_total(first // 2) > RECALIBRATE_HOST_SHARE * host:
+        return None
+    calib = recalibrate_near(workload, workload_args or {}, ev.req, ev.bm, ev.calib, first)
+    if calib is None:
+        return None
+    again = _Evaluator(ev.hw, ev.req, ev.bm, calib).max_batch(usable)
+    notes.append(f"largest batch re-solved after calibrating again near it (batch sizes {', '.join(map(str, calib.batches))}:"
+                 f" resident = persistent + {calib.slope:.2f} x transient + {calib.intercept / 2**20:.0f} MiB): "
+                 f"{first} -> {again}")
+    return again

@@ -68,6 +68,8 @@ class MemoryEstimate(BaseModel):
     max_batch_by_strategy: dict[str, int] = Field(default_factory=dict, description="Largest batch per strategy (samples).")
     method: Literal["traced", "analytic", "measured"] = Field(description="How allocated_bytes was obtained.")
     calibrated: bool = Field(default=False, description="A short real run on this CPU refined the overhead.")
+    refined_by: int = Field(default=0, ge=0, description="Measured peaks of this workload, device and configuration that "
+                            "refined total_bytes, fits and the largest batch (count; 0: the estimator alone).")
     num_params: int
     flops_per_step: int = Field(description="Forward+backward FLOPs of one micro-batch step.")
     predicted_step_s: float | None = Field(default=None, description="Roofline time of one step (s).")
