@@ -263,5 +263,27 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
     wall = time.monotonic() - t0
     if failure is not None:
         return TrialResult(status=failure[0], error=failure[1], wall_s=wall, **base)
-    return summarize(reports, wl, hw, config, est.estimate if est else None, wall, base,
-                     [est.note] if est is not None and est.note else [])
+    result = summarize(reports, wl, hw, config, est.estimate if est else None, wall, base,
+                       [est.note] if est is not None and est.note else [])
+    _record_peak(wl, hw, config, result)
+    return result
+
+
+def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResult) -> None:
+    """A measured peak refines the estimator for this workload and device (advisor/peaks.py)."""
+    if result.peak_memory_bytes is None or result.peak_memory_bytes <= 0:
+        return
+    from advisor.estimate.model import EstimateRequest
+    from advisor.peaks import record_measured_peak
+
+    if config.nproc > hw.world_size:  # N CPU ranks on one host
+        hw = hw.model_copy(update={"devices_per_node": config.nproc})
+    request = EstimateRequest(batch_size=config.batch_size, precision=config.precision, optimizer=config.optimizer,
+                              strategy=config.strategy, checkpointing=config.checkpointing,
+                              fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
+    quantity = "cuda_reserved" if config.device == "cuda" else "cpu_rss"
+    try:
+        record_measured_peak(wl, hw, request, config.compile_mode.value, result.peak_memory_bytes, quantity,
+                             result.predicted_memory_bytes)
+    except AdvisorError as exc:  # a peak that cannot be kept costs the estimator a refinement, nothing more
+        log.warning("measured peak not recorded: %s", exc)

@@ -97,17 +97,7 @@ def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRe
     rec = store.finish_trial(claim, result, estimate=estimate)
     if result.ok:
         store.update_best(ctx.workload_fp, ctx.hardware_fp, ctx.objective, rec.id)
-        _record_peak(req, hw, config, result)
     return rec
-
-
-def _record_peak(req: TuneRequest, hw, config: TrainingConfig, result) -> None:
-    """A measured peak refines the estimator for this workload and device (next max batch: no OOM)."""
-    try:
-        from advisor.estimate.measured import record_trial_peak
-    except ImportError:  # the estimator's refinement store is not part of this build
-        return
-    record_trial_peak(req.workload, req.workload_args, hw, config, result)
 
 
 def evaluate(ctx: StudyContext, config_json: str | None) -> dict[str, Any]:
