@@ -115,9 +115,9 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
     if launch:
         reason = f"fits: {need / GiB:.2f} GiB predicted{ranks} of {est.usable_bytes / GiB:.2f} GiB usable"
     else:
+        largest = f"largest batch that fits: {est.max_batch_size}" if est.max_batch_size else "no batch fits"
         reason = (f"predicted {need / GiB:.2f} GiB{ranks} exceeds {est.usable_bytes / GiB:.2f} GiB usable "
-                  f"({est.device_memory_bytes / GiB:.2f} GiB less the margin); largest batch that fits: "
-                  f"{est.max_batch_size}")
+                  f"({est.device_memory_bytes / GiB:.2f} GiB less the margin); {largest}")
     return Feasibility(launch=launch, reason=reason, total_bytes=est.total_bytes, runtime_bytes=est.runtime_bytes,
                        usable_bytes=est.usable_bytes, max_batch_size=est.max_batch_size)
 

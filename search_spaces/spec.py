@@ -256,6 +256,9 @@ class SearchSpace(BaseModel):
                 first = exc.errors()[0]
                 where = ".".join(str(p) for p in first["loc"])
                 msg = first["msg"].removeprefix("Value error, ")
+                if first["type"] == "extra_forbidden":
+                    model = {m.__name__: m for m in (Choices, Fixed, IntRange)}[exc.title]
+                    msg = f"unknown field; allowed: {', '.join(model.model_fields)}"
                 raise ValueError(f"{knob}{'.' + where if where else ''}: {msg}") from None
             except ValueError as exc:
                 raise ValueError(f"{knob}: {exc}" if not str(exc).startswith(knob) else str(exc)) from None
