@@ -1,0 +1,57 @@
+"""SpaceContext: the target a space is evaluated against (hardware, workload facts, global batch)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from advisor.hardware.spec import HardwareSpec
+
+if TYPE_CHECKING:
+    from advisor.workload import Workload
+
+
+class SpaceContext(BaseModel):
+    """What conditions test: the hardware, whether the model is a conv net, the devices a trial may
+    use, the workload's own batch size, and the effective batch to hold fixed (if any)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hardware: HardwareSpec
+    conv_net: bool = Field(default=False, description="A convolutional net: channels_last applies.")
+    device_count: int = Field(ge=1, description="Devices (processes) a multi-process trial uses.")
+    default_batch_size: int = Field(gt=0, description="The workload's own batch size (samples).")
+    global_batch_size: int | None = Field(
+        default=None, gt=0,
+        description="Samples per optimizer step over all processes; grad_accum is derived to keep it (samples).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpaceContext":
+        hw = self.hardware
+        if hw.device_type == "cuda" and self.device_count > hw.devices_per_node:
+            raise ValueError(f"device_count {self.device_count} exceeds the {hw.devices_per_node} device(s) per "
+                             f"node of {hw.accelerator.name}")
+        return self
+
+    @classmethod
+    def for_target(cls, hardware: HardwareSpec, workload: "Workload", *, global_batch_size: int | None = None,
+                   device_count: int | None = None) -> "SpaceContext":
+        """The context for `workload` on `hardware`: every device of one node unless told otherwise."""
+        return cls(hardware=hardware, conv_net=workload.conv_net,
+                   device_count=device_count or hardware.devices_per_node,
+                   default_batch_size=workload.default_batch_size, global_batch_size=global_batch_size)
+
+    @property
+    def device(self) -> str:
+        return self.hardware.device_type
+
+    def facts(self) -> dict[str, Any]:
+        """The names a condition's `when` may test about the target (spec.FACTS)."""
+        acc = self.hardware.accelerator
+        return {
+            "device": self.device, "device_count": self.device_count, "supports_bf16": acc.supports_bf16,
+            "supports_fp16": acc.supports_fp16, "supports_tf32": acc.supports_tf32, "conv_net": self.conv_net,
+            "cpu_cores": self.hardware.cpu_cores, "numa_nodes": self.hardware.numa_nodes,
+            "default_batch_size": self.default_batch_size, "global_batch_size": self.global_batch_size,
+        }

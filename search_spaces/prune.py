@@ -1,0 +1,154 @@
+"""Pruning before running: the memory estimate says whether a configuration can fit (cached per
+memory-relevant knobs, so a study traces each case once), and OOMs already seen rule out larger
+batches with the same other knobs."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.errors import EstimateError
+from advisor.hardware.spec import HardwareSpec
+from probes.config import TrainingConfig
+
+if TYPE_CHECKING:
+    from advisor.workload import Workload
+
+GiB = 2**30
+# The knobs the memory estimate depends on; two configs equal on these share one estimate.
+MEMORY_KNOBS = ("batch_size", "precision", "optimizer", "strategy", "nproc", "checkpointing", "fused_backward",
+                "optimizer_impl")
+
+
+class Feasibility(BaseModel):
+    """Whether to launch a configuration, and the estimate the decision rests on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    launch: bool = Field(description="False: the estimate exceeds usable memory; record the trial as pruned.")
+    reason: str = Field(description="One line: predicted against usable, or why there is no estimate.")
+    total_bytes: int | None = Field(default=None, description="Estimated peak per device, without the CUDA context (bytes).")
+    runtime_bytes: int | None = Field(default=None, description="CUDA context and library workspaces (bytes).")
+    usable_bytes: int | None = Field(default=None, description="Device memory less the margin (bytes).")
+    max_batch_size: int | None = Field(default=None, description="Largest batch the estimate fits with these knobs (samples).")
+
+
+class _Cache:
+    """Feasibility by (workload, args, hardware, margin, memory knobs); least recently used dropped."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size, self.hits, self.misses = size, 0, 0
+        self._data: OrderedDict[tuple, Feasibility] = OrderedDict()
+
+    def get(self, key: tuple) -> Feasibility | None:
+        if key in self._data:
+            self.hits += 1
+            self._data.move_to_end(key)
+            return self._data[key]
+        self.misses += 1
+        return None
+
+    def put(self, key: tuple, value: Feasibility) -> None:
+        self._data[key] = value
+        if len(self._data) > self.size:
+            self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        self._data.clear()
+        self.hits = self.misses = 0
+
+
+FEASIBILITY_CACHE = _Cache()
+
+
+def memory_key(config: TrainingConfig) -> tuple:
+    dump = config.model_dump(mode="json")
+    return tuple(dump[k] for k in MEMORY_KNOBS)
+
+
+def _workload_key(workload: "Workload | str") -> Any:
+    if isinstance(workload, str):
+        return workload
+    try:
+        hash(workload)
+        return workload
+    except TypeError:
+        return ("object", id(workload))
+
+
+def feasibility(workload: "Workload | str", workload_args: dict[str, Any] | None, hardware: HardwareSpec,
+                config: TrainingConfig, margin: float | None = None) -> Feasibility:
+    """Launch or prune `config`: its estimate (calibrate=False: no real runs) against usable memory.
+
+    CPU ranks share the host's memory, so there the estimate counts once per process. A case the
+    estimator cannot handle launches (the trial will measure it), saying so in `reason`.
+    """
+    key = (_workload_key(workload), json.dumps(workload_args or {}, sort_keys=True, default=str),
+           hardware.model_dump_json(), margin, memory_key(config))
+    cached = FEASIBILITY_CACHE.get(key)
+    if cached is None:
+        cached = _decide(workload, workload_args, hardware, config, margin)
+        FEASIBILITY_CACHE.put(key, cached)
+    return cached
+
+
+def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, hardware: HardwareSpec,
+            config: TrainingConfig, margin: float | None) -> Feasibility:
+    from advisor.estimate import estimate_memory
+
+    # The estimate scales by the world size the trial will have, not the whole machine.
+    target = hardware.model_copy(update={"devices_per_node": config.nproc, "nodes": 1})
+    try:
+        est = estimate_memory(workload, target, config.batch_size, precision=config.precision,
+                              optimizer=config.optimizer, strategy=config.strategy, checkpointing=config.checkpointing,
+                              fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl,
+                              workload_args=workload_args, calibrate=False, margin=margin)
+    except EstimateError as exc:
+        return Feasibility(launch=True, reason=f"no estimate ({exc}); launching to measure")
+    sharing = config.nproc if hardware.device_type == "cpu" else 1
+    need = (est.total_bytes + est.runtime_bytes) * sharing
+    launch = need <= est.usable_bytes
+    ranks = f" x {sharing} ranks on one host" if sharing > 1 else ""
+    if launch:
+        reason = f"fits: {need / GiB:.2f} GiB predicted{ranks} of {est.usable_bytes / GiB:.2f} GiB usable"
+    else:
+        largest = f"largest batch that fits: {est.max_batch_size}" if est.max_batch_size else "no batch fits"
+        reason = (f"predicted {need / GiB:.2f} GiB{ranks} exceeds {est.usable_bytes / GiB:.2f} GiB usable "
+                  f"({est.device_memory_bytes / GiB:.2f} GiB less the margin); {largest}")
+    return Feasibility(launch=launch, reason=reason, total_bytes=est.total_bytes, runtime_bytes=est.runtime_bytes,
+                       usable_bytes=est.usable_bytes, max_batch_size=est.max_batch_size)
+
+
+class OomFrontier:
+    """Configurations known not to fit, from OOMs already measured.
+
+    After an OOM at batch b (and grad_accum a), the same other knobs at batch >= b and
+    grad_accum >= a cannot fit either: a larger micro-batch holds more activations, and
+    accumulating keeps gradients alive through the next micro-batch's forward.
+    """
+
+    def __init__(self) -> None:
+        self._ooms: dict[tuple, list[tuple[int, int]]] = {}
+
+    @staticmethod
+    def _key(config: TrainingConfig) -> tuple:
+        dump = config.model_dump(mode="json")
+        return tuple((k, v) for k, v in sorted(dump.items()) if k not in ("batch_size", "grad_accum"))
+
+    def record_oom(self, config: TrainingConfig) -> None:
+        """Remember that `config` ran out of memory."""
+        self._ooms.setdefault(self._key(config), []).append((config.batch_size, config.grad_accum))
+
+    def blocks(self, config: TrainingConfig) -> str | None:
+        """Why `config` cannot fit (one line), or None when no recorded OOM rules it out."""
+        for batch, accum in self._ooms.get(self._key(config), []):
+            if config.batch_size >= batch and config.grad_accum >= accum:
+                return (f"batch {config.batch_size} >= {batch}, which ran out of memory with the same other knobs"
+                        + (f" (grad_accum {accum})" if accum > 1 else ""))
+        return None
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._ooms.values())

@@ -1,0 +1,131 @@
+"""`advisor results export`: JSON, a Python script generated from the config (it compiles for every
+kind of config, and runs for real on the CPU), and the torchrun launch command."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.errors import SpecError
+from advisor.export import export
+from advisor.hardware import get_hardware
+from probes.config import TrainingConfig
+from search_spaces import SpaceContext, get_space, grid
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOAD = "tiny-mlp"
+
+
+def _run(src: str, tmp_path: Path, steps: int, launch: str | None = None) -> str:
+    script = tmp_path / "train.py"
+    script.write_text(src)
+    env = dict(os.environ, STEPS=str(steps), PYTHONPATH=str(ROOT))
+    cmd = launch or f"{sys.executable} train.py"
+    proc = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_json_holds_the_config_and_the_workload():
+    config = TrainingConfig(batch_size=32, num_workers=2, prefetch_factor=4, precision="bf16")
+    doc = json.loads(export(config, WORKLOAD, {"hidden": 64}, "json"))
+    assert TrainingConfig.model_validate(doc["config"]) == config
+    assert doc["workload"] == {"spec": WORKLOAD, "args": {"hidden": 64}}
+    assert doc["changes"] == {"num_workers": 2, "prefetch_factor": 4, "precision": "bf16"}  # batch is in config
+
+
+def _expected_fragments(c: TrainingConfig) -> list[str]:
+    """Code each knob must produce in the script."""
+    out = [f"BATCH_SIZE = {c.batch_size}", f"GRAD_ACCUM = {c.grad_accum}", f"num_workers={c.num_workers}",
+           f"pin_memory={c.pin_memory}"]
+    if c.prefetch_factor:
+        out.append(f"prefetch_factor={c.prefetch_factor}")
+    if c.precision.value == "fp16":
+        out += ["GradScaler", "dtype=torch.float16", "scaler.scale(loss)"]
+    if c.precision.value == "bf16":
+        out.append("dtype=torch.bfloat16")
+    if c.precision.value == "tf32":
+        out.append("allow_tf32 = True")
+    if c.compile_mode.value not in ("none", "default"):
+        out.append(f'torch.compile(model, mode="{c.compile_mode.value}")')
+    if c.optimizer_impl:
+        out.append({"fused": "fused=True", "foreach": "foreach=True", "for-loop": "foreach=False"}[c.optimizer_impl])
+    if c.strategy.value == "ddp":
+        out.append("DDP(model, device_ids=[local_rank])" if c.device == "cuda" else "DDP(model)")
+    if c.strategy.value in ("zero2", "zero3"):
+        out.append(f"reshard_after_forward={c.strategy.value == 'zero3'}")
+    if c.fused_backward:
+        out.append("register_post_accumulate_grad_hook")
+    if c.checkpointing:
+        out.append("checkpoint, block.forward")
+    if c.channels_last:
+        out.append("memory_format=torch.channels_last")
+    if c.nproc > 1:
+        out += ["DistributedSampler", 'init_process_group("nccl")' if c.device == "cuda" else 'init_process_group("gloo")']
+    return out
+
+
+def test_the_script_compiles_and_applies_every_knob():
+    g8 = get_hardware("h100-sxm:8")
+    configs = grid(get_space("default"), SpaceContext(hardware=g8, conv_net=True, device_count=8, default_batch_size=8),
+                   limit=100_000)[::211]
+    configs += [TrainingConfig(device="cuda", batch_size=8, precision="bf16-pure", compile_mode="max-autotune",
+                               strategy="zero1", nproc=4, grad_accum=2, optimizer="sgd-momentum", optimizer_impl="fused"),
+                TrainingConfig(batch_size=8, optimizer="rowwise-adagrad", pinning="cpus", cpu_list="0-1,3", threads=2)]
+    assert len(configs) > 100
+    for c in configs:
+        src = export(c, WORKLOAD, {}, "python")
+        compile(src, "train.py", "exec")
+        missing = [f for f in _expected_fragments(c) if f not in src]
+        assert not missing, (c, missing)
+    pinned = export(configs[-1], WORKLOAD, {}, "python")
+    assert "os.sched_setaffinity(0, {0, 1, 3})" in pinned and "RowWiseAdagrad" in pinned
+    assert "ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD" in export(configs[-2], WORKLOAD, {}, "python")
+
+
+def _losses(out: str, steps: int) -> list[float]:
+    found = [float(x) for x in re.findall(rf"step {steps} loss (\S+)", out)]
+    assert found and all(x == x and abs(x) < 1e6 for x in found), out  # finite
+    return found
+
+
+def test_the_script_trains_the_workload_on_the_cpu(tmp_path):
+    config = TrainingConfig(batch_size=16, num_workers=1, prefetch_factor=2, persistent_workers=True, precision="bf16",
+                            optimizer_impl="foreach", checkpointing=True, threads=1, grad_accum=2)
+    _losses(_run(export(config, WORKLOAD, {}, "python"), tmp_path, 3), 3)
+
+
+def test_a_fused_backward_script_trains(tmp_path):
+    config = TrainingConfig(batch_size=8, fused_backward=True, optimizer="sgd", threads=1)
+    _losses(_run(export(config, WORKLOAD, {}, "python"), tmp_path, 2), 2)
+
+
+def test_a_ddp_script_trains_under_its_torchrun_command(tmp_path):
+    config = TrainingConfig(batch_size=8, grad_accum=2, strategy="ddp", nproc=2)
+    launch = export(config, WORKLOAD, {}, "torchrun").strip()
+    assert launch == "OMP_NUM_THREADS=$(( $(nproc) / 2 )) torchrun --standalone --nnodes 1 --nproc-per-node 2 train.py"
+    launch = launch.replace("torchrun", f"{sys.executable} -m torch.distributed.run")
+    assert len(_losses(_run(export(config, WORKLOAD, {}, "python"), tmp_path, 2, launch), 2)) == 2  # both ranks
+
+
+@pytest.mark.parametrize("kw, expected", [
+    (dict(device="cuda", pinning="node"), "numactl --cpunodebind=1 --membind=1 torchrun --standalone --nnodes 1 "
+                                          "--nproc-per-node 1 train.py"),
+    (dict(pinning="cpus", cpu_list="0-3,8", threads=4), "OMP_NUM_THREADS=4 taskset -c 0-3,8 torchrun --standalone "
+                                                        "--nnodes 1 --nproc-per-node 1 train.py"),
+    (dict(device="cuda", strategy="zero3", nproc=8, pinning="node"),
+     "torchrun --standalone --nnodes 1 --nproc-per-node 8 --numa-binding node train.py"),
+])
+def test_the_launch_command(kw, expected):
+    assert export(TrainingConfig(**kw), WORKLOAD, {}, "torchrun", numa_node=1).strip() == expected
+
+
+def test_an_unknown_format_lists_the_formats():
+    with pytest.raises(SpecError, match="json, python, torchrun"):
+        export(TrainingConfig(), WORKLOAD, {}, "yaml")

@@ -1,0 +1,71 @@
+"""Pruning before running: the estimate keeps what cannot fit from launching (cached per memory
+case), and an OOM rules out larger batches with the same other knobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.hardware import get_hardware
+from probes.config import TrainingConfig
+from search_spaces import OomFrontier, feasibility
+from search_spaces.prune import FEASIBILITY_CACHE
+
+WORKLOAD = "tiny-gpt2"  # a GPT-2 shaped decoder small enough to trace quickly
+
+
+@pytest.fixture(scope="module")
+def tiny_gpu():
+    return get_hardware("tiny")  # a 1 GiB GPU from the catalog
+
+
+def test_a_batch_that_cannot_fit_is_pruned_and_one_that_fits_launches(tiny_gpu):
+    FEASIBILITY_CACHE.clear()
+    small = feasibility(WORKLOAD, {}, tiny_gpu, TrainingConfig(device="cuda", batch_size=8), 0.05)
+    assert small.launch and small.reason.startswith("fits")
+    assert small.total_bytes + small.runtime_bytes <= small.usable_bytes
+    assert small.usable_bytes == int(tiny_gpu.accelerator.memory_bytes * 0.95)
+    huge = feasibility(WORKLOAD, {}, tiny_gpu, TrainingConfig(device="cuda", batch_size=4096), 0.05)
+    assert not huge.launch and "exceeds" in huge.reason
+    assert huge.total_bytes > huge.usable_bytes
+    assert 8 <= huge.max_batch_size < 4096
+    assert f"largest batch that fits: {huge.max_batch_size}" in huge.reason
+
+
+def test_the_estimate_is_cached_per_memory_case(tiny_gpu):
+    FEASIBILITY_CACHE.clear()
+    base = TrainingConfig(device="cuda", batch_size=16)
+    first = feasibility(WORKLOAD, {}, tiny_gpu, base, 0.05)
+    assert (FEASIBILITY_CACHE.hits, FEASIBILITY_CACHE.misses) == (0, 1)
+    # Input-pipeline and compile knobs do not change the estimate: no new trace.
+    other = TrainingConfig(device="cuda", batch_size=16, num_workers=4, pin_memory=True, compile_mode="default")
+    assert feasibility(WORKLOAD, {}, tiny_gpu, other, 0.05) is first
+    assert (FEASIBILITY_CACHE.hits, FEASIBILITY_CACHE.misses) == (1, 1)
+    bf16 = feasibility(WORKLOAD, {}, tiny_gpu, TrainingConfig(device="cuda", batch_size=16, precision="bf16"), 0.05)
+    assert FEASIBILITY_CACHE.misses == 2 and bf16.max_batch_size != first.max_batch_size
+    feasibility(WORKLOAD, {}, tiny_gpu, base, 0.5)  # another margin is another decision
+    assert FEASIBILITY_CACHE.misses == 3
+
+
+def _cfg(**kw) -> TrainingConfig:
+    return TrainingConfig(device="cuda", **kw)
+
+
+def test_an_oom_blocks_larger_batches_with_the_same_other_knobs():
+    frontier = OomFrontier()
+    assert frontier.blocks(_cfg(batch_size=64)) is None
+    frontier.record_oom(_cfg(batch_size=64, precision="bf16"))
+    assert len(frontier) == 1
+    assert "64" in frontier.blocks(_cfg(batch_size=64, precision="bf16"))
+    assert "ran out of memory" in frontier.blocks(_cfg(batch_size=128, precision="bf16"))
+    assert frontier.blocks(_cfg(batch_size=32, precision="bf16")) is None
+    assert frontier.blocks(_cfg(batch_size=128, precision="fp32")) is None  # other knobs differ
+    assert frontier.blocks(_cfg(batch_size=128, precision="bf16", checkpointing=True)) is None
+
+
+def test_accumulation_only_blocks_at_least_as_much_accumulation():
+    frontier = OomFrontier()
+    frontier.record_oom(_cfg(batch_size=64, grad_accum=2))
+    assert frontier.blocks(_cfg(batch_size=128, grad_accum=1)) is None  # gradients not kept alive
+    assert frontier.blocks(_cfg(batch_size=64, grad_accum=4)) is not None
+    frontier.record_oom(_cfg(batch_size=32, grad_accum=1))
+    assert frontier.blocks(_cfg(batch_size=32, grad_accum=2)) is not None
