@@ -12,7 +12,7 @@ from advisor.config import OptimizerKind
 from advisor.errors import SpecError
 from probes.config import TrainingConfig
 from search_spaces.context import SpaceContext
-from search_spaces.spec import BOUND, KNOBS, ORDER, Choices, Condition, Fixed, IntRange, SearchSpace, Scalar, check_value
+from search_spaces.spec import BOUND, KNOBS, ORDER, Choices, Condition, Fixed, SearchSpace, Scalar, check_value
 
 if TYPE_CHECKING:
     import optuna
@@ -249,5 +249,5 @@ def apply_fixes(space: SearchSpace, fixes: Mapping[str, Any]) -> SearchSpace:
     return space.model_copy(update={"knobs": knobs})
 
 
-__all__ = ["GRID_LIMIT", "IntRange", "Plan", "Resolved", "apply_fixes", "baseline", "grid", "holds", "iter_grid",
+__all__ = ["GRID_LIMIT", "Plan", "Resolved", "apply_fixes", "baseline", "grid", "holds", "iter_grid",
            "parse_fixes", "suggest"]

@@ -31,6 +31,8 @@ FACTS: tuple[str, ...] = (
     "device", "device_count", "supports_bf16", "supports_fp16", "supports_tf32", "conv_net", "cpu_cores",
     "numa_nodes", "default_batch_size", "global_batch_size",
 )
+INT_KNOBS = ("batch_size", "grad_accum", "num_workers", "prefetch_factor", "threads")
+BOOL_KNOBS = ("pin_memory", "persistent_workers", "fused_backward", "checkpointing", "channels_last")
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in")
 BOUND = re.compile(r"^\s*([a-z_]+)\s*(?:([*/])\s*(\d+))?\s*$")
 
@@ -54,7 +56,9 @@ def allowed(knob: str) -> str:
         elif option.get("type") == "boolean":
             words.append("true, false")
         elif option.get("type") == "integer":
-            low = option.get("minimum", option.get("exclusiveMinimum", -1) + 1 if "exclusiveMinimum" in option else None)
+            low = option.get("minimum")
+            if "exclusiveMinimum" in option:
+                low = option["exclusiveMinimum"] + 1
             words.append("an integer" + (f" >= {low}" if low is not None else ""))
         else:
             words.append(option.get("type", "a value"))
@@ -66,6 +70,8 @@ def check_value(knob: str, value: Any) -> Scalar:
     if knob not in KNOBS:
         raise ValueError(f"unknown knob {knob!r}; knobs: {', '.join(KNOBS)}")
     adapter = _adapter(knob)
+    if isinstance(value, bool) and knob not in BOOL_KNOBS:  # YAML true is not the integer 1 here
+        raise ValueError(f"{knob}: {value!r} is not allowed; allowed: {allowed(knob)}")
     try:
         return adapter.dump_python(adapter.validate_python(value), mode="json")
     except ValidationError:
@@ -148,7 +154,6 @@ def _parse_domain(raw: Any) -> Any:
     raise ValueError(f"a domain needs `choices`, `fixed`, or `low` and `high`; got keys {', '.join(map(str, raw)) or 'none'}")
 
 
-INT_KNOBS = ("batch_size", "grad_accum", "num_workers", "prefetch_factor", "threads")
 
 
 def _check_domain(knob: str, raw: Any) -> Domain:
@@ -170,6 +175,7 @@ def _check_domain(knob: str, raw: Any) -> Domain:
 
 
 def _check_test(name: str, test: Any) -> None:
+    operands: list[Any] = test if isinstance(test, list) else [test]
     if isinstance(test, dict):
         bad = [op for op in test if op not in OPS]
         if bad or not test:
@@ -177,6 +183,13 @@ def _check_test(name: str, test: Any) -> None:
         for op in ("in", "not_in"):
             if op in test and not isinstance(test[op], list):
                 raise ValueError(f"when.{name}.{op} takes a list, got {test[op]!r}")
+        operands = [x for op, arg in test.items() for x in (arg if op in ("in", "not_in") else [arg])]
+    # A misspelt value (strategy: singel) would silently never match: check it against the knob.
+    for operand in operands:
+        if name in KNOBS:
+            check_value(name, operand)
+        elif name == "device" and operand not in ("cpu", "cuda"):
+            raise ValueError(f"when.device: {operand!r} is not allowed; allowed: cpu, cuda")
 
 
 class Condition(BaseModel):

@@ -129,3 +129,14 @@ def test_the_launch_command(kw, expected):
 def test_an_unknown_format_lists_the_formats():
     with pytest.raises(SpecError, match="json, python, torchrun"):
         export(TrainingConfig(), WORKLOAD, {}, "yaml")
+
+
+@pytest.mark.gpu
+def test_a_cuda_script_trains(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none is visible here")
+    config = TrainingConfig(device="cuda", batch_size=32, num_workers=2, prefetch_factor=2, persistent_workers=True,
+                            pin_memory=True, precision="fp16", optimizer_impl="fused", compile_mode="default")
+    _losses(_run(export(config, WORKLOAD, {}, "python"), tmp_path, 3), 3)

@@ -53,6 +53,10 @@ def _write(tmp_path: Path, text: str) -> str:
      "target facts only"),
     ("name: x\nconditions:\n  - {knob: precision, when: {gpu: true}}\n", "conditions.0", "facts: device, device_count"),
     ("name: x\nconditions:\n  - {knob: precision, when: {device: {greater: 1}}}\n", "conditions.0", "use eq, ne"),
+    ("name: x\nconditions:\n  - {knob: precision, when: {strategy: singel}}\n", "conditions.0",
+     "allowed: single, ddp, zero1, zero2, zero3"),
+    ("name: x\nconditions:\n  - {knob: precision, when: {device: gpu}}\n", "conditions.0", "allowed: cpu, cuda"),
+    ("name: x\nknobs:\n  batch_size: {choices: [true]}\n", "batch_size", "an integer >= 1"),
 ])
 def test_a_bad_space_names_the_field_and_what_is_allowed(tmp_path, text, field, allowed):
     with pytest.raises(SpecError) as info:
