@@ -86,6 +86,9 @@ def _structural_problems(c: TrainingConfig) -> list[str]:
         out.append(f"strategy {c.strategy.value} needs nproc >= 2")
     if c.fused_backward and c.grad_accum > 1:
         out.append("fused_backward steps in every backward, so it cannot accumulate gradients (grad_accum must be 1)")
+    if c.fused_backward and c.precision == Precision.fp16:
+        out.append("fused_backward steps inside backward, before a grad scaler could unscale fp16 gradients; "
+                   "use bf16 or fp32")
     if c.fused_backward and c.strategy != Strategy.single:
         # DDP's reducer reads .grad after accumulation; a hook that steps and frees it races it.
         out.append("fused_backward runs with strategy single only")
