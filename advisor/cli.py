@@ -94,8 +94,10 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_bench_args(probe)
 
     from advisor import cli_store
+    from advisor.tune import cli as tune_cli
 
     cli_store.add_parsers(sub, _positive_int)
+    tune_cli.add_parser(sub, _add_workload_args, _positive_int)
     return parser
 
 
@@ -238,6 +240,12 @@ def _run_bench(args: argparse.Namespace):
         return run_bench(workload, workload_args=parse_workload_args(args.workload_arg), seconds=seconds)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from advisor.tune.cli import cmd_tune
+
+    return cmd_tune(args)
+
+
 def _cmd_db(args: argparse.Namespace) -> int:
     from advisor.cli_store import cmd_db
 
@@ -251,7 +259,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware,
-            "probe": _cmd_probe, "db": _cmd_db, "results": _cmd_results}
+            "probe": _cmd_probe, "tune": _cmd_tune, "db": _cmd_db, "results": _cmd_results}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

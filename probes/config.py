@@ -134,6 +134,8 @@ class TrialBudget(BaseModel):
     max_steps: int = Field(default=10_000, ge=1, description="Stop timing after this many steps even if min_time_s is not reached.")
     timeout_s: float = Field(default=600.0, gt=0, description="The whole trial, process start to result (s); then it is killed.")
     memory_cap_bytes: int | None = Field(default=None, gt=0, description="CPU: kill and report oom past this resident set of the trial's processes (bytes).")
+    settle_s: float = Field(default=5.0, ge=0, description="Wait up to this long for the machine to go quiet before starting (s).")
+    quiet_cpu_fraction: float = Field(default=0.3, gt=0, le=1, description="Busier than this share of all CPUs is not quiet.")
 
     @model_validator(mode="after")
     def _check(self) -> "TrialBudget":

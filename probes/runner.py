@@ -14,7 +14,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -162,31 +161,53 @@ def _failure_status(outcome: str, procs: list[Any], reports: list[ChildReport | 
     return None
 
 
-class _EstimateThread(threading.Thread):
-    """The estimator's prediction for the same config, computed while the ranks start up."""
+def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: HardwareSpec) -> tuple[Any, str | None]:
+    """The estimator's prediction for this config (no calibration runs), or why there is none.
 
-    def __init__(self, workload: str, workload_args: dict[str, Any], config: TrainingConfig, hw: HardwareSpec):
-        super().__init__(daemon=True)
-        self.args = (workload, workload_args, config, hw)
-        self.estimate: Any = None
-        self.note: str | None = None
+    Computed before the ranks start, not beside them: a trace running next to the measurement
+    would take a core from it.
+    """
+    from advisor.estimate import estimate_memory
 
-    def run(self) -> None:
-        from advisor.estimate import estimate_memory
+    if config.nproc > hw.world_size:  # N CPU ranks on one host: estimate for N "devices"
+        hw = hw.model_copy(update={"devices_per_node": config.nproc})
+    try:
+        return estimate_memory(workload, hw, config.batch_size, precision=config.precision, optimizer=config.optimizer,
+                               strategy=config.strategy, checkpointing=config.checkpointing,
+                               fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl,
+                               workload_args=wargs, calibrate=False), None
+    except AdvisorError as exc:
+        return None, f"no estimate: {exc}"
+    except Exception as exc:  # noqa: BLE001 - an estimator bug must not lose a measurement; it is reported
+        log.exception("estimate failed")
+        return None, f"no estimate: {type(exc).__name__}: {exc}"
 
-        workload, wargs, c, hw = self.args
-        if c.nproc > hw.world_size:  # N CPU ranks on one host: estimate for N "devices"
-            hw = hw.model_copy(update={"devices_per_node": c.nproc})
-        try:
-            self.estimate = estimate_memory(workload, hw, c.batch_size, precision=c.precision, optimizer=c.optimizer,
-                                            strategy=c.strategy, checkpointing=c.checkpointing,
-                                            fused_backward=c.fused_backward, optimizer_impl=c.optimizer_impl,
-                                            workload_args=wargs, calibrate=False)
-        except AdvisorError as exc:
-            self.note = f"no estimate: {exc}"
-        except Exception as exc:  # noqa: BLE001 - an estimator bug must not lose a measurement; it is reported
-            log.exception("estimate failed")
-            self.note = f"no estimate: {type(exc).__name__}: {exc}"
+
+def _cpu_busy(interval_s: float = 0.25) -> float:
+    """Share of this machine's CPU time spent busy over `interval_s` (from /proc/stat)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
+
+    idle0, total0 = sample()
+    time.sleep(interval_s)
+    idle1, total1 = sample()
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def _settle(budget: TrialBudget) -> str | None:
+    """Wait (up to budget.settle_s) for the machine to go quiet, so others' work does not slow the
+    measurement; a note when it never did."""
+    if budget.settle_s <= 0:
+        return None
+    deadline = time.monotonic() + budget.settle_s
+    busy = _cpu_busy()
+    while busy > budget.quiet_cpu_fraction and time.monotonic() < deadline:
+        busy = _cpu_busy()
+    if busy > budget.quiet_cpu_fraction:
+        return f"the machine was {busy:.0%} busy with other work when the trial started; its figures may be low"
+    return None
 
 
 def _resolve(workload: str, workload_args: dict[str, Any], hardware: HardwareSpec | str, config: TrainingConfig | dict):
@@ -246,10 +267,9 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
                            inductor_cache_dir=str(data_dir / "inductor") if config.compile_mode != CompileMode.none else None)
         request_path = workdir / "request.json"
         request_path.write_text(req.model_dump_json())
+        prediction, note = _estimate(workload, wargs, config, hw) if estimate else (None, None)
+        notes = [n for n in (note, _settle(budget)) if n]
         procs = _launch(request_path, config, workdir)
-        est = _EstimateThread(workload, wargs, config, hw) if estimate else None
-        if est is not None:
-            est.start()
         try:
             outcome, peak_mem = _watch(procs, budget, t0)
         finally:
@@ -258,13 +278,10 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
         failure = _failure_status(outcome, procs, reports, workdir, budget, peak_mem)
         for p in procs:
             p.close()
-    if est is not None:
-        est.join()
     wall = time.monotonic() - t0
     if failure is not None:
         return TrialResult(status=failure[0], error=failure[1], wall_s=wall, **base)
-    result = summarize(reports, wl, hw, config, est.estimate if est else None, wall, base,
-                       [est.note] if est is not None and est.note else [])
+    result = summarize(reports, wl, hw, config, prediction, wall, base, notes)
     _record_peak(wl, hw, config, result)
     return result
 

@@ -90,12 +90,14 @@ class _Budget:
         self.best: float | None = None
         self.since_best = 0
         self.reason: str | None = None
+        self.trial_s = 0.0  # wall time of the trials measured in this run (s)
 
     def observe(self, result: dict[str, Any]) -> None:
         rid = result.get("record_id")
         if rid is None or rid in self.seen or result.get("reused"):
             return
         self.seen.add(rid)
+        self.trial_s += result.get("trial_wall_s", 0.0)
         value = result.get("objective", 0.0)
         if result.get("status") == "ok" and (self.best is None or value > self.best):
             self.best, self.since_best = value, 0
@@ -114,6 +116,7 @@ def _ray_init(req: TuneRequest) -> bool:
     """Start a local Ray (temp dir under the data dir) or join --ray-address; True if we started it."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the new output prints a banner even at verbose=0
     import ray
 
     from advisor.settings import get_settings
@@ -217,19 +220,24 @@ def _search(req, hw, space, context, ctx: StudyContext, study, queued, remaining
         search = OptunaSearch(space=plan.define_by_run, metric=["objective", "memory"] if multi else "objective",
                               mode=["max", "min"] if multi else "max", sampler=_sampler(req),
                               study_name=study.optuna_study_name, storage=storage, seed=req.seed)
+        from advisor.tune.ray_hooks import BudgetStopper, ProgressCallback
+
         budget = _Budget(remaining, req.patience)
-        callback = _make_callback(budget, remaining, on_result)
+        callback = ProgressCallback(budget, remaining, on_result)
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(ray_trainable, ctx_json=ctx.model_dump_json()), _resources(hw)),
             tune_config=tune.TuneConfig(search_alg=search, num_samples=remaining * DUPLICATE_FACTOR,
                                         max_concurrent_trials=_concurrency(hw), time_budget_s=req.time_budget_s,
                                         reuse_actors=True),
             run_config=tune.RunConfig(name=_safe(study.name), storage_path=str(_results_dir()), verbose=0,
-                                      stop=_make_stopper(budget), callbacks=[callback]))
+                                      stop=BudgetStopper(budget), callbacks=[callback]))
         t = time.monotonic()
-        tuner.fit()
+        try:
+            tuner.fit()
+        finally:
+            callback.close()
         return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
-                "ray_trials": callback.count}
+                "ray_trials": callback.count, "trial_s": budget.trial_s, "measured": len(budget.seen)}
     finally:
         if started:
             import ray
@@ -251,32 +259,3 @@ def _results_dir() -> Path:
     path = get_settings().data_dir / "ray_results"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _make_stopper(budget: _Budget):
-    from ray.tune import Stopper
-
-    class BudgetStopper(Stopper):
-        def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-            return False  # each trial reports once and ends by itself
-
-        def stop_all(self) -> bool:
-            return budget.done()
-
-    return BudgetStopper()
-
-
-def _make_callback(budget: _Budget, total: int, on_result):
-    """Feeds Ray's per-trial results to the budget and to the caller's progress display."""
-    from ray.tune import Callback
-
-    class ProgressCallback(Callback):
-        count = 0
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            ProgressCallback.count += 1
-            budget.observe(result)
-            if on_result is not None:
-                on_result({**result, "config": trial.config.get("training_config")}, len(budget.seen), total)
-
-    return ProgressCallback()

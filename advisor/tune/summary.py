@@ -34,7 +34,7 @@ class TuneSummary(BaseModel):
     pareto: list[RankedTrial] = Field(default_factory=list, description="Two objectives: the non-dominated trials.")
     statuses: dict[str, int] = Field(description="Trials of the study by status.")
     wall_s: float = Field(description="This run, start to end (s).")
-    trial_s: float = Field(description="Sum of the wall times of the trials this study measured (s).")
+    trial_s: float = Field(description="Sum of the wall times of the trials this run measured (s).")
     stats: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -66,8 +66,8 @@ def summarize_study(store, study_id: int, baseline: TrainingConfig, ctx, stats: 
 
     top = [ranked(r) for r in sorted(ok, key=lambda r: -getattr(r, metric))[:top_n]]
     pareto = [ranked(r) for r in _pareto(ok, metric)] if len(ctx.objective.metrics) > 1 else []
-    trial_s = sum(r.result.wall_s for r in records if r.result is not None)
     return TuneSummary(study_id=study_id, study_name=study.name, metric=metric, objective_key=ctx.objective.key,
                        baseline=base, best=top[0] if top else None, top=top, pareto=pareto,
-                       statuses=dict(Counter(r.status.value for r in records)), wall_s=wall_s, trial_s=trial_s,
+                       statuses=dict(Counter(r.status.value for r in records)), wall_s=wall_s,
+                       trial_s=stats.get("trial_s", 0.0),
                        stats=stats)

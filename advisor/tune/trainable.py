@@ -52,7 +52,8 @@ def metrics_of(rec: TrialRecord, ctx: StudyContext, *, reused: bool) -> dict[str
     ok = rec.status == RecordStatus.ok
     value = getattr(rec, ctx.metric) if ok else None
     out: dict[str, Any] = {"objective": float(value or 0.0), "status": rec.status.value, "record_id": rec.id,
-                           "reused": reused, "samples_per_s": rec.samples_per_s or 0.0}
+                           "reused": reused, "samples_per_s": rec.samples_per_s or 0.0,
+                           "trial_wall_s": rec.result.wall_s if rec.result is not None and not reused else 0.0}
     if len(ctx.objective.metrics) > 1:
         out["memory"] = float(rec.peak_memory_bytes) if ok and rec.peak_memory_bytes else MEMORY_PENALTY
     return out

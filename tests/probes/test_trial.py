@@ -16,7 +16,7 @@ from probes.runner import run_trial
 
 HERE = Path(__file__).resolve().parent
 RECORDER = f"{HERE / 'recorder.py'}:build"
-QUICK = TrialBudget(warmup_steps=2, min_steps=3, min_time_s=0.0, timeout_s=120)
+QUICK = TrialBudget(warmup_steps=2, min_steps=3, min_time_s=0.0, timeout_s=120, settle_s=0)
 
 
 def records(out_dir: Path, fail: str = "none") -> list[dict]:

@@ -1,0 +1,48 @@
+"""The table `advisor tune` ends with: top configurations, speedup over the baseline, verdicts."""
+
+from __future__ import annotations
+
+from advisor.render import human_bytes
+from advisor.tune.summary import RankedTrial, TuneSummary
+
+
+def _knobs(rt: RankedTrial) -> str:
+    return ", ".join(f"{k}={v}" for k, v in rt.record.config.changes().items()) or "PyTorch defaults"
+
+
+def summary_table(s: TuneSummary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # piped: wide enough that the knobs column is not cut
+    unit = "tokens/s" if s.metric == "tokens_per_s" else "samples/s"
+    rows = s.pareto or s.top
+    title = f"study {s.study_name} (id {s.study_id}): " + ("Pareto front, throughput vs memory" if s.pareto else "top configurations")
+    table = Table(title=title)
+    for col, justify in (("#", "right"), ("trial", "right"), (unit, "right"), ("vs baseline", "right"),
+                         ("peak memory", "right"), ("bottleneck", "left"), ("knobs (changed from defaults)", "left")):
+        table.add_column(col, justify=justify)
+    for i, rt in enumerate(rows, 1):
+        r = rt.record
+        table.add_row(str(i), str(r.id), f"{rt.value:,.1f}", f"{rt.speedup:.2f}x" if rt.speedup else "-",
+                      human_bytes(r.peak_memory_bytes or 0), r.bottleneck or "-", _knobs(rt))
+    console.print(table)
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(s.statuses.items()))
+    console.print(f"trials in the study: {counts or 'none'}")
+    if s.baseline is None:
+        console.print("baseline (PyTorch defaults): not measured ok, so no speedup is shown")
+    if s.trial_s:
+        overhead = (s.wall_s - s.trial_s) / s.wall_s
+        console.print(f"this run: {s.wall_s:.0f} s, of which {s.stats.get('measured', 0)} measured trials "
+                      f"{s.trial_s:.0f} s (orchestration {overhead:.0%})")
+    else:
+        console.print(f"this run: {s.wall_s:.0f} s, nothing new measured")
+    for key in ("resumed_from", "interrupted", "retried"):
+        if s.stats.get(key):
+            console.print(f"{key.replace('_', ' ')}: {s.stats[key]}")
+    if s.stats.get("stopped_because"):
+        console.print(f"stopped: {s.stats['stopped_because']}")
+    if s.best is not None:
+        console.print(f"export the best: advisor results export --trial {s.best.record.id} --format python|json|torchrun")
