@@ -22,6 +22,7 @@ from advisor.tune.trainable import StudyContext, ray_trainable
 from probes.config import TrainingConfig
 
 log = logging.getLogger(__name__)
+RAY_TEMP_MAX = 48  # characters: Ray appends ~60 (session_<date>_<pid>/sockets/plasma_store)
 DUPLICATE_FACTOR = 4  # Ray trials allowed per distinct configuration (samplers repeat themselves)
 
 
@@ -33,8 +34,12 @@ def _objective(req: TuneRequest, tokens: bool) -> Objective:
 
 
 def _sampler(req: TuneRequest):
+    import warnings
+
     import optuna
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress bar says what Optuna's log would
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     name = req.resolved_sampler()
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=req.seed)
@@ -64,19 +69,17 @@ def _fail_stale(storage, study_name: str) -> None:
         storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
 
 
-class _Plan:
-    """What the driver decides per Optuna trial: queued configs first (baseline, retries), then the sampler."""
+class DefineByRun:
+    """Optuna's define-by-run space: suggest the knobs whose conditions hold; the whole config rides
+    along as one constant, so the trainable gets exactly what the space decided. A module-level
+    class because Ray pickles the searcher (and this with it) in its experiment checkpoints."""
 
-    def __init__(self, space, context, queued: list[TrainingConfig]) -> None:
-        self.space, self.context, self.queued = space, context, list(queued)
+    def __init__(self, space, context) -> None:
+        self.space, self.context = space, context
 
-    def define_by_run(self, trial) -> dict[str, Any]:
+    def __call__(self, trial) -> dict[str, Any]:
         from search_spaces import suggest
 
-        if self.queued:
-            config = self.queued.pop(0)
-            trial.set_user_attr("queued", True)
-            return {"training_config": config.model_dump_json()}
         config = suggest(self.space, trial, self.context)
         return {"training_config": config.model_dump_json() if config is not None else None}
 
@@ -91,6 +94,7 @@ class _Budget:
         self.since_best = 0
         self.reason: str | None = None
         self.trial_s = 0.0  # wall time of the trials measured in this run (s)
+        self.started = time.monotonic()
 
     def observe(self, result: dict[str, Any]) -> None:
         rid = result.get("record_id")
@@ -130,6 +134,11 @@ def _ray_init(req: TuneRequest) -> bool:
         ray.init(address=req.ray_address, **common)
         return True
     temp = get_settings().data_dir / "ray"
+    if len(str(temp)) > RAY_TEMP_MAX:  # Ray's socket paths under it must stay within AF_UNIX's 107 bytes
+        import tempfile
+
+        temp = Path(tempfile.mkdtemp(prefix="advisor-ray-"))
+        log.warning("data dir path too long for Ray's sockets; Ray's temp dir is %s", temp)
     temp.mkdir(parents=True, exist_ok=True)
     ray.init(_temp_dir=str(temp), include_dashboard=False, num_cpus=len(os.sched_getaffinity(0)), **common)
     return True
@@ -207,42 +216,66 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
 
 
 def _search(req, hw, space, context, ctx: StudyContext, study, queued, remaining, on_result) -> dict[str, Any]:
-    """The Ray Tune experiment: OptunaSearch over the space, one Ray trial per suggestion."""
-    from ray import tune
-    from ray.tune.search.optuna import OptunaSearch
+    """Ray Tune experiments: the queued configurations (baseline, retries) as a fixed list, then
+    OptunaSearch over the space, one Ray trial per suggestion, until the budget is spent."""
+    from advisor.tune.ray_hooks import ProgressCallback
 
     started = _ray_init(req)
+    budget = _Budget(remaining, req.patience)
+    callback = ProgressCallback(budget, remaining, on_result)
+    t = time.monotonic()
     try:
-        storage = _optuna_storage(ctx.db_url)
-        _fail_stale(storage, study.optuna_study_name)
-        plan = _Plan(space, context, queued)
-        multi = len(ctx.objective.metrics) > 1
-        search = OptunaSearch(space=plan.define_by_run, metric=["objective", "memory"] if multi else "objective",
-                              mode=["max", "min"] if multi else "max", sampler=_sampler(req),
-                              study_name=study.optuna_study_name, storage=storage, seed=req.seed)
-        from advisor.tune.ray_hooks import BudgetStopper, ProgressCallback
-
-        budget = _Budget(remaining, req.patience)
-        callback = ProgressCallback(budget, remaining, on_result)
-        tuner = tune.Tuner(
-            tune.with_resources(tune.with_parameters(ray_trainable, ctx_json=ctx.model_dump_json()), _resources(hw)),
-            tune_config=tune.TuneConfig(search_alg=search, num_samples=remaining * DUPLICATE_FACTOR,
-                                        max_concurrent_trials=_concurrency(hw), time_budget_s=req.time_budget_s,
-                                        reuse_actors=True),
-            run_config=tune.RunConfig(name=_safe(study.name), storage_path=str(_results_dir()), verbose=0,
-                                      stop=BudgetStopper(budget), callbacks=[callback]))
-        t = time.monotonic()
-        try:
-            tuner.fit()
-        finally:
-            callback.close()
+        if queued:
+            _fit(req, hw, ctx, f"{_safe(study.name)}-queued", budget, callback,
+                 param_space={"training_config": _grid([c.model_dump_json() for c in queued])})
+        if not budget.done():
+            _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=_optuna_search(req, space, context,
+                 ctx, study), num_samples=max(1, remaining - len(budget.seen)) * DUPLICATE_FACTOR)
         return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
                 "ray_trials": callback.count, "trial_s": budget.trial_s, "measured": len(budget.seen)}
     finally:
+        callback.close()
         if started:
             import ray
 
             ray.shutdown()
+
+
+def _grid(values: list[str]):
+    from ray import tune
+
+    return tune.grid_search(values)
+
+
+def _optuna_search(req: TuneRequest, space, context, ctx: StudyContext, study):
+    from ray.tune.search.optuna import OptunaSearch
+
+    storage = _optuna_storage(ctx.db_url)
+    _fail_stale(storage, study.optuna_study_name)
+    multi = len(ctx.objective.metrics) > 1
+    return OptunaSearch(space=DefineByRun(space, context), metric=["objective", "memory"] if multi else "objective",
+                        mode=["max", "min"] if multi else "max", sampler=_sampler(req),
+                        study_name=study.optuna_study_name, storage=storage, seed=req.seed)
+
+
+def _fit(req: TuneRequest, hw, ctx: StudyContext, name: str, budget: _Budget, callback, *, search_alg=None,
+         num_samples: int = 1, param_space: dict[str, Any] | None = None) -> None:
+    """One Ray Tune experiment over the trainable; the budget stopper ends it early."""
+    from ray import tune
+
+    from advisor.tune.ray_hooks import BudgetStopper
+
+    elapsed = None
+    if req.time_budget_s is not None:
+        elapsed = max(1.0, req.time_budget_s - (time.monotonic() - budget.started))
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(ray_trainable, ctx_json=ctx.model_dump_json()), _resources(hw)),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples, reuse_actors=True,
+                                    max_concurrent_trials=_concurrency(hw), time_budget_s=elapsed),
+        run_config=tune.RunConfig(name=name, storage_path=str(_results_dir()), verbose=0, stop=BudgetStopper(budget),
+                                  callbacks=[callback]))
+    tuner.fit()
 
 
 def _concurrency(hw) -> int:

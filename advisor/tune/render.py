@@ -7,7 +7,9 @@ from advisor.tune.summary import RankedTrial, TuneSummary
 
 
 def _knobs(rt: RankedTrial) -> str:
-    return ", ".join(f"{k}={v}" for k, v in rt.record.config.changes().items()) or "PyTorch defaults"
+    c = rt.record.config
+    changed = ", ".join(f"{k}={v}" for k, v in c.changes().items()) or "otherwise PyTorch defaults"
+    return f"batch {c.batch_size}" + (f" x{c.grad_accum}" if c.grad_accum > 1 else "") + f"; {changed}"
 
 
 def summary_table(s: TuneSummary) -> None:

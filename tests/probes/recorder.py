@@ -56,7 +56,9 @@ def _children() -> list[int]:
     return sorted(out)
 
 
-def _fail(fail: str, hog: list) -> None:
+def _fail(fail: str, hog: list, out) -> None:
+    if fail == "abort-on-bf16" and out.dtype == torch.bfloat16:  # crashes in some configurations only
+        os.abort()
     if fail == "raise":
         raise ValueError("the workload failed on purpose")
     if fail == "abort":
@@ -85,7 +87,7 @@ def build(out_dir: str, fail: str = "none", samples: int = 256):
                 "threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0)),
                 "rank": os.environ.get("RANK"), "children": _children(),
             }) + "\n")
-        _fail(fail, hog)
+        _fail(fail, hog, out)
         return nn.functional.cross_entropy(out.float(), y)
 
     return advisor.Workload(

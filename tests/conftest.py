@@ -1,4 +1,4 @@
-"""The database under test: a SQLite file, and (where ADVISOR_TEST_POSTGRES_URL names a server) a fresh
+"""Shared fixtures. The database under test: a SQLite file, and (where ADVISOR_TEST_POSTGRES_URL names a server) a fresh
 PostgreSQL database with a random name, dropped afterwards. An unreachable server fails the test."""
 
 from __future__ import annotations

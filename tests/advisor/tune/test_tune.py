@@ -1,0 +1,140 @@
+"""The tuner end to end on this CPU: real trials through Ray Tune and Optuna, a real store; resume
+after SIGKILL, a crashing configuration, two tuners sharing one PostgreSQL study, bad stores."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+SPACE = str(HERE / "space.yaml")
+RECORDER = f"{ROOT / 'tests' / 'probes' / 'recorder.py'}:build"
+FAST = ["--min-time", "0.3", "--min-steps", "3", "--trial-timeout", "120"]
+
+
+@pytest.fixture
+def data_dir():
+    """A short data dir (Ray's socket paths live under it), removed afterwards."""
+    d = tempfile.mkdtemp(prefix="advt-", dir="/tmp")
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def tune_cmd(db: str, *extra: str, workload: str = "tiny-mlp") -> list[str]:
+    return [sys.executable, "-m", "advisor.cli", "tune", "-w", workload, "-H", "cpu", "--space", SPACE,
+            "--db", db, "--json", *FAST, *extra]
+
+
+def run_tune(data_dir: Path, db: str, *extra: str, workload: str = "tiny-mlp", timeout: float = 400):
+    env = {**os.environ, "ADVISOR_DATA_DIR": str(data_dir)}
+    proc = subprocess.run(tune_cmd(db, *extra, workload=workload), capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def stored(db: str):
+    from advisor.store import TrialQuery, open_store
+
+    with open_store(db) as store:
+        return store.query_trials(TrialQuery(sort="id"))
+
+
+def test_tune_measures_stores_and_resumes(data_dir):
+    db = f"sqlite:///{data_dir / 'advisor.db'}"
+    first = run_tune(data_dir, db, "--trials", "3")
+    assert first["statuses"] == {"ok": 3}
+    assert first["baseline"] is not None  # PyTorch defaults: batch 8 (the preset's), fp32, no workers
+    assert first["baseline"]["config"]["batch_size"] == 8 and first["baseline"]["config"]["precision"] == "fp32"
+    values = [t["value"] for t in first["top"]]
+    assert values == sorted(values, reverse=True) and first["best"]["value"] == values[0]
+    assert first["best"]["speedup"] == pytest.approx(values[0] / first["baseline"]["samples_per_s"])
+    records = stored(db)
+    assert len(records) == 3 and len({r.config_hash for r in records}) == 3
+    import optuna  # the sampler's study lives in the same database
+
+    study = optuna.load_study(study_name=first["study_name"], storage=db)
+    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 3
+    again = run_tune(data_dir, db, "--trials", "3")  # same arguments: the same study, nothing to run
+    assert again["study_id"] == first["study_id"] and again["stats"]["resumed_from"] == 3
+    assert len(stored(db)) == 3
+    more = run_tune(data_dir, db, "--trials", "4")  # a bigger budget continues it: one new configuration
+    assert more["study_id"] == first["study_id"] and more["statuses"] == {"ok": 4}
+    assert len({r.config_hash for r in stored(db)}) == 4
+
+
+def test_kill_9_then_resume_loses_and_repeats_nothing(data_dir):
+    db = f"sqlite:///{data_dir / 'advisor.db'}"
+    env = {**os.environ, "ADVISOR_DATA_DIR": str(data_dir)}
+    args = ["--trials", "4", "--sampler", "brute-force", "--min-time", "1.5"]
+    proc = subprocess.Popen(tune_cmd(db, *args), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # kill it once a trial is stored and the next is running
+        if data_dir.joinpath("advisor.db").exists():
+            rows = stored(db)
+            if any(r.status.value == "ok" for r in rows) and any(r.status.value == "running" for r in rows):
+                break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("the tuner never had a trial running after a finished one")
+    done_before = {r.config_hash: r.id for r in stored(db) if r.status.value == "ok"}
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    summary = run_tune(data_dir, db, *args)
+    rows = stored(db)
+    assert summary["stats"]["interrupted"] >= 1  # the trial in flight was marked, then retried
+    for config_hash, row_id in done_before.items():  # finished trials kept, never measured again
+        assert [r.id for r in rows if r.config_hash == config_hash] == [row_id]
+    ok = Counter(r.config_hash for r in rows if r.status.value == "ok")
+    assert len(ok) == 4 and set(ok.values()) == {1}  # every configuration measured exactly once
+    retried = [r for r in rows if r.attempt == 2]
+    assert retried and all(r.status.value == "ok" for r in retried)
+
+
+def test_a_configuration_that_crashes_does_not_stop_the_study(data_dir, tmp_path):
+    db = f"sqlite:///{data_dir / 'advisor.db'}"
+    summary = run_tune(data_dir, db, "--trials", "4", "--sampler", "brute-force", "-a", f"out_dir={tmp_path}",
+                       "-a", "fail=abort-on-bf16", workload=RECORDER)
+    assert summary["statuses"] == {"ok": 2, "crashed": 2}
+    crashed = [r for r in stored(db) if r.status.value == "crashed"]
+    assert {r.config.precision.value for r in crashed} == {"bf16"} and all("SIGABRT" in r.error for r in crashed)
+
+
+def test_two_tuners_on_one_postgresql_study_never_measure_a_config_twice(data_dir, postgresql_url):
+    env = {**os.environ, "ADVISOR_DATA_DIR": str(data_dir)}
+    args = ["--trials", "4", "--sampler", "brute-force", "--study", "shared"]
+    procs = [subprocess.Popen(tune_cmd(postgresql_url, *args), env={**env, "ADVISOR_DATA_DIR": str(data_dir / str(i))},
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    rows = stored(postgresql_url)
+    measured = [r for r in rows if r.status.value in ("ok", "oom", "crashed", "error", "timeout")]
+    assert Counter(r.config_hash for r in measured).most_common(1)[0][1] == 1  # none twice
+    assert len({r.config_hash for r in measured}) == 4
+    assert len({r.owner for r in measured}) >= 1
+
+
+def test_a_corrupted_store_is_one_clear_line(data_dir):
+    bad = data_dir / "bad.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    env = {**os.environ, "ADVISOR_DATA_DIR": str(data_dir)}
+    proc = subprocess.run(tune_cmd(f"sqlite:///{bad}", "--trials", "1"), capture_output=True, text=True, env=env,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.db" in lines[0] and "Traceback" not in proc.stderr
