@@ -79,17 +79,19 @@ def recommend(workload: str, hardware: str | list[str], *, workload_args: dict[s
     given (candidates without a price after those with one), else by time per epoch; those that
     fit before those that do not. `prices`: USD per device-hour, keyed as in `hardware`."""
     from advisor.fingerprint import workload_fingerprint
+    from advisor.hardware import get_hardware
     from advisor.store import open_store
     from advisor.workload import load_workload
 
     names = _names(hardware)
     prices = _check_prices(prices or {}, names)
+    targets = {name: get_hardware(name) for name in names}  # bad names fail before the workload loads
     args = dict(workload_args or {})
     wl = load_workload(workload, args)
     with open_store(db) as store:
         target = _Target(store=store, workload=wl, spec=workload, args=args, fp=workload_fingerprint(wl),
                          epoch=dataset_length(wl))
-        recs = [_priced(_for_hardware(target, name), prices.get(name)) for name in names]
+        recs = [_priced(_for_hardware(target, name, hw), prices.get(name)) for name, hw in targets.items()]
     return rank(recs)
 
 
@@ -130,11 +132,9 @@ def _priced(rec: Recommendation, price: float | None) -> Recommendation:
     return rec.model_copy(update={"price_per_device_hour": price, "cost_per_epoch": cost})
 
 
-def _for_hardware(t: _Target, name: str) -> Recommendation:
-    from advisor.hardware import get_hardware
+def _for_hardware(t: _Target, name: str, hw: "HardwareSpec") -> Recommendation:
     from advisor.store import hardware_fingerprint
 
-    hw = get_hardware(name)
     hw_fp = hardware_fingerprint(hw)
     mine = _throughput_bests(t.store.best(workload=t.fp, hardware=hw_fp))
     if mine:
