@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Sequence
 
+from advisor import cli_recommend
 from advisor.config import OptimizerKind, Precision, Strategy, choices
 from advisor.errors import AdvisorError, SpecError
 
@@ -259,7 +260,8 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware,
-            "probe": _cmd_probe, "tune": _cmd_tune, "db": _cmd_db, "results": _cmd_results}
+            "probe": _cmd_probe, "tune": _cmd_tune, "db": _cmd_db, "results": _cmd_results,
+            "recommend": cli_recommend.cmd_recommend}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

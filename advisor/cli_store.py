@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from advisor.errors import SpecError
 
@@ -64,6 +65,21 @@ def add_parsers(sub: argparse._SubParsersAction, positive_int) -> None:  # noqa:
     for p in (ls, show, best):
         _db_arg(p)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_export(res_sub, positive_int)
+
+    from advisor import cli_recommend
+
+    cli_recommend.add_parser(sub)
+
+
+def _add_export(res_sub: argparse._SubParsersAction, positive_int) -> None:  # noqa: ANN001
+    exp = res_sub.add_parser("export", help="the stored best (or one trial) as JSON, a Python script or a torchrun command")
+    exp.add_argument("--trial", type=positive_int, default=None, metavar="ID", help="export this trial")
+    exp.add_argument("--workload", default=None, help="export the best of this workload (name or fingerprint)")
+    exp.add_argument("--hardware", default=None, help="... on this hardware (name or fingerprint)")
+    exp.add_argument("--format", default="json", help="json (default), python or torchrun")
+    exp.add_argument("--out", default=None, metavar="FILE", help="write here instead of to stdout")
+    _db_arg(exp)
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -105,6 +121,8 @@ def cmd_results(args: argparse.Namespace) -> int:
     from advisor import render_results
     from advisor.store import open_store
 
+    if args.results_command == "export":
+        return _cmd_export(args)
     query = _query(args) if args.results_command == "list" else None
     with open_store(args.db) as store:
         if args.results_command == "list":
@@ -124,4 +142,27 @@ def cmd_results(args: argparse.Namespace) -> int:
                 print(json.dumps([b.model_dump(mode="json") for b in best], indent=2))
             else:
                 render_results.best_table(best)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from advisor.export import FORMATS, export_stored
+    from advisor.store import open_store
+
+    if args.format not in FORMATS:  # before the store is opened (or created)
+        raise SpecError(f"unknown export format {args.format!r}; valid: {', '.join(FORMATS)}")
+    if args.trial is not None and (args.workload or args.hardware):
+        raise SpecError("give --trial ID or --workload/--hardware, not both")
+    with open_store(args.db) as store:
+        text = export_stored(store, args.format, trial_id=args.trial, workload=args.workload, hardware=args.hardware)
+    if args.out is None:
+        print(text, end="")
+        return 0
+    try:
+        Path(args.out).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot write {args.out}: {exc.strerror or exc}") from exc
+    print(f"wrote {args.format} to {args.out}", file=sys.stderr)
     return 0

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from advisor.errors import SpecError
 from probes.config import Pinning, TrainingConfig
+
+if TYPE_CHECKING:
+    from advisor.store import ResultStore, TrialRecord
 
 FORMATS = ("json", "python", "torchrun")
 Format = Literal["json", "python", "torchrun"]
@@ -67,3 +70,43 @@ def export(config: TrainingConfig, workload_spec: str, workload_args: dict[str, 
         workload = load_workload(workload_spec, args)
         return python_script(config, workload_spec, args, has_dataset=workload.dataset is not None)
     raise SpecError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
+
+
+def stored_choice(store: "ResultStore", *, trial_id: int | None = None, workload: str | None = None,
+                  hardware: str | None = None) -> "TrialRecord":
+    """The trial to export: `trial_id`, or the stored best (a throughput objective's, where several
+    objectives are stored) for the workload and hardware (names or fingerprints). SpecError when
+    there is none, when the trial did not finish ok, or when several workload/hardware pairs match."""
+    if trial_id is not None:
+        trial = store.get_trial(trial_id)
+        if trial is None:
+            raise SpecError(f"no trial with id {trial_id} in the store; `advisor results list` shows the ids")
+        if trial.status.value != "ok":
+            raise SpecError(f"trial {trial_id} is {trial.status.value}, not ok; export a measured configuration")
+        return trial
+    if not (workload or hardware):
+        raise SpecError("name a trial (--trial ID) or the best to export (--workload W and/or --hardware H)")
+    bests = store.best(workload=workload, hardware=hardware)
+    asked = " and ".join(f"{k} {v!r}" for k, v in (("workload", workload), ("hardware", hardware)) if v)
+    if not bests:
+        raise SpecError(f"no best configuration stored for {asked}; `advisor results best` lists them")
+    pairs = {(b.workload_fp, b.hardware_fp) for b in bests}
+    if len(pairs) > 1:
+        ids = ", ".join(str(b.trial.id) for b in bests)
+        raise SpecError(f"{len(pairs)} workload/hardware pairs have a best for {asked} (trials {ids}); "
+                        f"narrow --workload/--hardware to a fingerprint or give --trial ID")
+    throughput = [b for b in bests if b.objective.split(":", 1)[0] in ("samples_per_s", "tokens_per_s")]
+    return (throughput or bests)[0].trial
+
+
+def export_stored(store: "ResultStore", fmt: Format | str = "json", *, trial_id: int | None = None,
+                  workload: str | None = None, hardware: str | None = None, script: str = "train.py") -> str:
+    """Export a stored trial (or the stored best) as `fmt`, for the workload its study describes
+    ({"spec": ..., "args": ...} as the tuner stores it; else the workload's name and no arguments)."""
+    if fmt not in FORMATS:
+        raise SpecError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
+    trial = stored_choice(store, trial_id=trial_id, workload=workload, hardware=hardware)
+    desc = store.workload_description(trial.workload_fp) or {}
+    spec = desc.get("spec") if isinstance(desc.get("spec"), str) else trial.workload_name
+    args = desc.get("args") if isinstance(desc.get("args"), dict) else {}
+    return export(trial.config, spec, args, fmt, script=script)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from advisor.render import human_bytes
 
 if TYPE_CHECKING:
+    from advisor.recommend import Recommendation
     from advisor.store import BestRecord, TrialRecord
 
 
@@ -90,3 +91,32 @@ def best_table(best: list["BestRecord"]) -> None:
         table.add_row(t.workload_name, t.hardware_name, b.objective, str(t.id), _num(t.samples_per_s),
                       _bytes(t.peak_memory_bytes), _changes(t))
     console.print(table)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:,.2f} s"
+
+
+def recommend_table(workload: str, recs: list["Recommendation"]) -> None:
+    """Candidates best first, each with its provenance, figures and the reason below the table."""
+    from rich.table import Table
+
+    console = _console()
+    basis = "per dataset epoch" if recs and recs[0].epoch_basis == "dataset" else "per 1e6 samples (no dataset)"
+    table = Table(title=f"recommendations for {workload} ({basis})")
+    for col in ("#", "hardware", "provenance", "samples/s", "tokens/s", "peak mem", "time/epoch", "cost/epoch",
+                "fits", "config"):
+        table.add_column(col, justify="right" if col in ("#", "samples/s", "tokens/s", "cost/epoch") else "left")
+    for i, r in enumerate(recs, 1):
+        knobs = {"batch_size": r.config.batch_size, **r.config.changes()}
+        table.add_row(str(i), r.hardware, r.provenance, _num(r.samples_per_s), _num(r.tokens_per_s, "{:,.0f}"),
+                      _bytes(r.peak_memory_bytes), _duration(r.time_per_epoch_s), _num(r.cost_per_epoch, "${:,.4f}"),
+                      "yes" if r.fits else "no", " ".join(f"{k}={v}" for k, v in knobs.items()))
+    console.print(table)
+    for i, r in enumerate(recs, 1):
+        console.print(f"{i}. {r.hardware}: {r.reason}", highlight=False)

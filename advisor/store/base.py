@@ -74,6 +74,15 @@ class ResultStore(abc.ABC):
     def best(self, workload: str | None = None, hardware: str | None = None) -> list[BestRecord]: ...
 
     @abc.abstractmethod
+    def workload_description(self, workload_fp: str) -> dict[str, Any] | None:
+        """What the study's creator stored about the workload of this fingerprint (the tuner writes
+        {"spec": ..., "args": ...}), or None when no workload of that fingerprint is stored."""
+
+    @abc.abstractmethod
+    def hardware_spec(self, hardware_fp: str) -> dict[str, Any] | None:
+        """The HardwareSpec (as JSON) stored for this hardware fingerprint, or None when none is stored."""
+
+    @abc.abstractmethod
     def close(self) -> None: ...
 
     # -- derived: written once for every backend ------------------------------------------------

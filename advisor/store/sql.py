@@ -296,3 +296,16 @@ class SqlResultStore(ResultStore):
             out.append(BestRecord(workload_fp=r.workload_fp, hardware_fp=r.hardware_fp, objective=r.objective,
                                   trial=trial, updated_at=_utc(r.updated_at)))
         return out
+
+    # -- workload and hardware rows --------------------------------------------------------------
+    @_db
+    def workload_description(self, workload_fp: str) -> dict[str, Any] | None:
+        with self._session() as s:
+            row = s.get(WorkloadRow, workload_fp)
+            return None if row is None else dict(row.description or {})
+
+    @_db
+    def hardware_spec(self, hardware_fp: str) -> dict[str, Any] | None:
+        with self._session() as s:
+            row = s.get(HardwareRow, hardware_fp)
+            return None if row is None else dict(row.spec)

@@ -170,3 +170,12 @@ def test_best_keeps_the_better_trial_per_objective(store):
     best = {b.objective: b.trial.id for b in store.best(workload="tiny-gpt2")}
     assert best == {THROUGHPUT.key: ids["g8"], memory.key: ids["g8"]}
     assert store.best(hardware="h100-sxm") == []
+
+
+def test_workload_description_and_hardware_spec_by_fingerprint(store):
+    from advisor.hardware import HardwareSpec, get_hardware
+
+    study = store.create_or_get_study(spec())
+    assert store.workload_description(study.workload_fp) == {"params": 1234}
+    assert HardwareSpec.model_validate(store.hardware_spec(study.hardware_fp)) == get_hardware("cpu")
+    assert store.workload_description("f" * 32) is None and store.hardware_spec("f" * 64) is None
