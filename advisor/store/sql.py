@@ -193,7 +193,9 @@ class SqlResultStore(ResultStore):
         values = {**columns, "status": RecordStatus(columns["status"]).value, "finished_at": _now()}
         if estimate is not None:
             values["estimate"] = estimate
-        open_states = (RecordStatus.running.value, RecordStatus.interrupted.value)
+        # Only a running row: one marked interrupted (its owner died) may be retried by another
+        # process, so a late result from an orphan of the dead owner must not land beside it.
+        open_states = (RecordStatus.running.value,)
         with self.engine.begin() as conn:
             done = conn.execute(update(TrialRow).where(TrialRow.id == claim.trial_id, TrialRow.status.in_(open_states))
                                 .values(**values)).rowcount

@@ -189,7 +189,8 @@ def _open_study(req: TuneRequest, wl, hw, space, objective: Objective):
                      objective=objective, software=software_versions())
     study = store.create_or_get_study(spec)
     ctx = StudyContext(request=req, study_id=study.id, workload_fp=spec.workload_fp, hardware_fp=spec.hardware_fp,
-                       software_fp=software_fingerprint(), db_url=store.url, objective=objective)
+                       software_fp=software_fingerprint(), db_url=store.url, objective=objective,
+                       owner=store.owner)
     return store, study, ctx
 
 

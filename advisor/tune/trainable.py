@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.store.records import Objective, RecordStatus, TrialQuery, TrialRecord
 from advisor.tune.request import TuneRequest
@@ -33,18 +33,22 @@ class StudyContext(BaseModel):
     software_fp: str
     db_url: str
     objective: Objective
+    owner: str = Field(description="host:pid of the tuner driver: claims are its, so they die with it (SIGKILL).")
 
     @property
     def metric(self) -> str:
         return self.objective.metrics[0].name
 
 
-def _store(url: str):
+def _store(ctx: "StudyContext"):
+    """The worker's store for this study's database; its claims carry the driver as their owner."""
     from advisor.store import open_store
 
-    if url not in _STORES:
-        _STORES[url] = open_store(url)
-    return _STORES[url]
+    if ctx.db_url not in _STORES:
+        _STORES[ctx.db_url] = open_store(ctx.db_url)
+    store = _STORES[ctx.db_url]
+    store.owner = ctx.owner
+    return store
 
 
 def metrics_of(rec: TrialRecord, ctx: StudyContext, *, reused: bool) -> dict[str, Any]:
@@ -109,7 +113,7 @@ def evaluate(ctx: StudyContext, config_json: str | None) -> dict[str, Any]:
     if config_json is None:  # the draw cannot reach the global batch size: nothing to run
         return _nothing(ctx, "invalid")
     config = TrainingConfig.model_validate_json(config_json)
-    store, key = _store(ctx.db_url), config_hash(config)
+    store, key = _store(ctx), config_hash(config)
     claim = store.claim_trial(ctx.study_id, config)
     if claim is None:  # measured in this study already, or being measured by another tuner
         rec = _wait_for(store, ctx, key)
