@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.errors import EstimateError
+from advisor.errors import EstimateError, TrialError
 from advisor.hardware.spec import HardwareSpec
 from probes.config import TrainingConfig
 
@@ -106,7 +106,7 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
                               optimizer=config.optimizer, strategy=config.strategy, checkpointing=config.checkpointing,
                               fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl,
                               workload_args=workload_args, calibrate=False, margin=margin)
-    except EstimateError as exc:
+    except (EstimateError, TrialError) as exc:  # TrialError: the estimator's real-step fallback itself failed
         return Feasibility(launch=True, reason=f"no estimate ({exc}); launching to measure")
     sharing = config.nproc if hardware.device_type == "cpu" else 1
     need = (est.total_bytes + est.runtime_bytes) * sharing
