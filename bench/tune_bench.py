@@ -67,12 +67,17 @@ def grid_size(workload: str, args: dict[str, Any], space: Path) -> tuple[int, bo
     return len(hashes), config_hash(baseline(ctx)) in hashes
 
 
+def _changes(config) -> dict[str, Any]:
+    """The knobs off PyTorch's defaults, batch size always (changes() leaves it out)."""
+    return {"batch_size": config.batch_size, **config.changes()}
+
+
 def _progress(label: str):
     def on_result(result: dict[str, Any], done: int, total: int) -> None:
         from probes.config import TrainingConfig
 
         raw = result.get("config")
-        knobs = TrainingConfig.model_validate_json(raw).changes() if raw else {}
+        knobs = _changes(TrainingConfig.model_validate_json(raw)) if raw else {}
         tag = "reused" if result.get("reused") else "measured"
         print(f"    {label} [{done}/{total}] {result.get('status')} {tag} {result.get('objective', 0.0):,.1f}/s "
               f"{', '.join(f'{k}={v}' for k, v in knobs.items()) or 'defaults'}", flush=True)
@@ -90,7 +95,7 @@ def tune(workload: str, args: dict[str, Any], space: Path, db: str, *, sampler: 
     best = summary.best
     return {"study": study, "sampler": sampler, "seed": seed, "trials": trials,
             "configurations": sum(summary.statuses.values()), "statuses": summary.statuses,
-            "best": best.value if best else None, "best_config": best.record.config.changes() if best else None,
+            "best": best.value if best else None, "best_config": _changes(best.record.config) if best else None,
             "speedup": best.speedup if best else None,
             "baseline": getattr(summary.baseline, summary.metric) if summary.baseline else None,
             "metric": summary.metric, "wall_s": summary.wall_s, "trial_s": summary.trial_s,
