@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Write BENCHMARKS.md from the markdown that bench/estimate_accuracy.py leaves in bench/results/.
+"""Write BENCHMARKS.md from the markdown that bench/estimate_accuracy.py and bench/tune_bench.py leave
+in bench/results/.
 
     .venv/bin/python bench/compose_benchmarks.py
 
@@ -29,6 +30,15 @@ def _section(md: Path, title: str) -> str:
     return text[start:end if end > 0 else None].strip() + "\n"
 
 
+def _tuner() -> str:
+    """bench/tune_bench.py's section: the full run's, else the quick run's, said so."""
+    full, quick = RESULTS / "tune.md", RESULTS / "tune-quick.md"
+    if full.exists() or not quick.exists():
+        return _section(full, "Tuner")
+    body = _section(quick, "Tuner").split("\n", 1)
+    return f"{body[0]}\n\nQuick mode only (`--quick`: small grids, 2 seeds); the full run is still to do.\n{body[1]}"
+
+
 def main() -> int:
     acc = RESULTS / "accuracy.md"
     parts = [HEADER.read_text().strip() + "\n"]
@@ -43,6 +53,7 @@ def main() -> int:
     parts.append(_section(RESULTS / "maxbatch.md", "Largest batch under a memory cap"))
     parts.append("Quick mode (`--quick`), earlier in the session:\n\n"
                  + _section(RESULTS / "accuracy-quick.md", "Largest batch under a memory cap").split("\n", 1)[1])
+    parts.append(_tuner())
     (ROOT / "BENCHMARKS.md").write_text("\n".join(parts))
     print(ROOT / "BENCHMARKS.md")
     return 0

@@ -98,10 +98,12 @@ class _Budget:
 
     def observe(self, result: dict[str, Any]) -> None:
         rid = result.get("record_id")
-        if rid is None or rid in self.seen or result.get("reused"):
+        # A configuration reused from another study's measurement is new to this study and counts;
+        # a repeat of one this study already holds does not.
+        if rid is None or rid in self.seen or result.get("duplicate"):
             return
         self.seen.add(rid)
-        self.trial_s += result.get("trial_wall_s", 0.0)
+        self.trial_s += result.get("trial_wall_s", 0.0)  # 0 for a reused measurement
         value = result.get("objective", 0.0)
         if result.get("status") == "ok" and (self.best is None or value > self.best):
             self.best, self.since_best = value, 0

@@ -117,7 +117,8 @@ def evaluate(ctx: StudyContext, config_json: str | None) -> dict[str, Any]:
     claim = store.claim_trial(ctx.study_id, config)
     if claim is None:  # measured in this study already, or being measured by another tuner
         rec = _wait_for(store, ctx, key)
-        return metrics_of(rec, ctx, reused=True) if rec else _nothing(ctx, "error")
+        # a repeat within the study: not a new configuration, so the budget must not count it
+        return {**metrics_of(rec, ctx, reused=True), "duplicate": True} if rec else _nothing(ctx, "error")
     prev = None if ctx.request.remeasure else store.find_measured(ctx.workload_fp, ctx.hardware_fp, ctx.software_fp, key)
     try:
         if prev is not None and prev.result is not None:

@@ -75,6 +75,20 @@ def test_tune_measures_stores_and_resumes(data_dir):
     assert len({r.config_hash for r in stored(db)}) == 4
 
 
+def test_a_new_study_reuses_measurements_within_its_budget(data_dir):
+    db = f"sqlite:///{data_dir / 'advisor.db'}"
+    grid = run_tune(data_dir, db, "--trials", "4", "--sampler", "brute-force", "--study", "grid")
+    assert grid["statuses"] == {"ok": 4} and grid["trial_s"] > 0
+    replay = run_tune(data_dir, db, "--trials", "2", "--sampler", "random", "--study", "replay")
+    # every configuration is reused from the grid study, and reused ones count towards the budget
+    assert replay["statuses"] == {"ok": 2} and replay["trial_s"] == 0
+    assert replay["stats"]["stopped_because"].startswith("measured the 2 configuration(s)")
+    rows = stored(db)
+    assert len(rows) == 6
+    grid_results = {r.config_hash: r.samples_per_s for r in rows if r.study_id == grid["study_id"]}
+    assert all(grid_results[r.config_hash] == r.samples_per_s for r in rows if r.study_id == replay["study_id"])
+
+
 def test_kill_9_then_resume_loses_and_repeats_nothing(data_dir):
     db = f"sqlite:///{data_dir / 'advisor.db'}"
     env = {**os.environ, "ADVISOR_DATA_DIR": str(data_dir)}

@@ -1,0 +1,219 @@
+#!/usr/bin/env python
+"""Tuner benchmarks (issue 4, item 8): on a fixed knob grid per CPU preset, measured exhaustively
+once, how close the tuner (TPE) gets to the grid's best within 25% of the grid's trials, against
+random search with the same budget; tuned vs baseline speedup; orchestration overhead.
+
+    .venv/bin/python bench/tune_bench.py [--quick] [--seeds N] [--presets image,transformer]
+
+Writes bench/results/tune.json and bench/results/tune.md (read by compose_benchmarks.py). Its own
+SQLite store (bench/results/tune.db, tune-quick.db with --quick) is created afresh each run: the
+brute-force study measures the grid, and the seeded studies after it replay those measurements
+(the store reuses a configuration measured for the same workload, hardware and software), so
+each seed costs Ray's start-up and no new trials.
+Goals: TPE's best >= 95% of the grid's best (median over seeds) with <= 25% of the grid's trials;
+tuning wall time <= 1.2x the sum of the trials' wall times (orchestration overhead <= 20%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+SPACES = ROOT / "bench" / "spaces"
+sys.path.insert(0, str(ROOT))
+
+# key: (workload preset, its arguments, space file, quick space file)
+PRESETS: dict[str, tuple[str, dict[str, Any], str, str]] = {
+    "image": ("resnet18", {"image_size": 64, "classes": 100, "decode_cost_ms": 4.0, "num_samples": 8192},
+              "tune-image.yaml", "tune-image-quick.yaml"),
+    "transformer": ("tiny-gpt2", {"seq_len": 256, "vocab": 8192, "num_samples": 4096},
+                    "tune-transformer.yaml", "tune-transformer-quick.yaml"),
+}
+TITLES = {"image": "Decode-heavy image preset", "transformer": "Small transformer"}
+HARDWARE = "cpu"
+BUDGET_FRACTION = 0.25  # of the grid's configurations, baseline included
+GOAL_RATIO = 0.95  # of the grid's best throughput
+GOAL_OVERHEAD = 0.20  # (tuning wall time - sum of trial wall times) / sum of trial wall times
+SAMPLERS = ("tpe", "random")
+
+
+def _budget():
+    from probes.config import TrialBudget
+
+    return TrialBudget(warmup_steps=2, min_steps=5, min_time_s=1.5, timeout_s=300.0)
+
+
+def grid_size(workload: str, args: dict[str, Any], space: Path) -> tuple[int, bool]:
+    """Configurations in the space on this CPU, and whether the baseline is one of them."""
+    from advisor.hardware import get_hardware
+    from advisor.store import config_hash
+    from advisor.workload import load_workload
+    from search_spaces import SpaceContext, baseline, grid, load_space
+
+    ctx = SpaceContext.for_target(get_hardware(HARDWARE), load_workload(workload, args))
+    hashes = {config_hash(c) for c in grid(load_space(space), ctx)}
+    return len(hashes), config_hash(baseline(ctx)) in hashes
+
+
+def _changes(config) -> dict[str, Any]:
+    """The knobs off PyTorch's defaults, batch size always (changes() leaves it out)."""
+    return {"batch_size": config.batch_size, **config.changes()}
+
+
+def _progress(label: str):
+    def on_result(result: dict[str, Any], done: int, total: int) -> None:
+        from probes.config import TrainingConfig
+
+        raw = result.get("config")
+        knobs = _changes(TrainingConfig.model_validate_json(raw)) if raw else {}
+        tag = "reused" if result.get("reused") else "measured"
+        print(f"    {label} [{done}/{total}] {result.get('status')} {tag} {result.get('objective', 0.0):,.1f}/s "
+              f"{', '.join(f'{k}={v}' for k, v in knobs.items()) or 'defaults'}", flush=True)
+    return on_result
+
+
+def tune(workload: str, args: dict[str, Any], space: Path, db: str, *, sampler: str, trials: int, seed: int,
+         study: str, verbose: bool) -> dict[str, Any]:
+    """One study through run_tune; what the benchmark keeps of its summary."""
+    from advisor.tune import TuneRequest, run_tune
+
+    req = TuneRequest(workload=workload, workload_args=args, hardware=HARDWARE, space=str(space), sampler=sampler,
+                      trials=trials, seed=seed, study=study, db=db, trial_budget=_budget())
+    summary = run_tune(req, on_result=_progress(study) if verbose else None)
+    best = summary.best
+    return {"study": study, "sampler": sampler, "seed": seed, "trials": trials,
+            "configurations": sum(summary.statuses.values()), "statuses": summary.statuses,
+            "best": best.value if best else None, "best_config": _changes(best.record.config) if best else None,
+            "speedup": best.speedup if best else None,
+            "baseline": getattr(summary.baseline, summary.metric) if summary.baseline else None,
+            "metric": summary.metric, "wall_s": summary.wall_s, "trial_s": summary.trial_s,
+            "stopped_because": summary.stats.get("stopped_because")}
+
+
+def bench_preset(key: str, quick: bool, seeds: int, db: str) -> dict[str, Any]:
+    workload, args, full_space, quick_space = PRESETS[key]
+    space = SPACES / (quick_space if quick else full_space)
+    n, base_in_grid = grid_size(workload, args, space)
+    trials = n if base_in_grid else n + 1  # the baseline is always measured, in the grid or not
+    print(f"{key}: {workload} {args}, grid {space.name}: {n} configurations", flush=True)
+    exhaustive = tune(workload, args, space, db, sampler="brute-force", trials=trials, seed=0,
+                      study=f"{key}-grid", verbose=True)
+    exhaustive["overhead"] = (exhaustive["wall_s"] - exhaustive["trial_s"]) / exhaustive["trial_s"] \
+        if exhaustive["trial_s"] else None
+    print(f"  grid best {exhaustive['best']:,.1f} {exhaustive['metric']} ({exhaustive['speedup']:.2f}x baseline); "
+          f"wall {exhaustive['wall_s']:.0f} s for {exhaustive['trial_s']:.0f} s of trials", flush=True)
+    budget = max(2, math.ceil(BUDGET_FRACTION * n))
+    runs = []
+    for seed in range(seeds):
+        for sampler in SAMPLERS:
+            r = tune(workload, args, space, db, sampler=sampler, trials=budget, seed=seed,
+                     study=f"{key}-{sampler}-s{seed}", verbose=False)
+            r["ratio"] = r["best"] / exhaustive["best"] if r["best"] and exhaustive["best"] else 0.0
+            runs.append(r)
+            print(f"  seed {seed} {sampler}: {r['ratio']:.1%} of the grid's best in {r['configurations']} "
+                  f"configurations ({r['wall_s']:.0f} s)", flush=True)
+    medians = {s: statistics.median(r["ratio"] for r in runs if r["sampler"] == s) for s in SAMPLERS}
+    return {"workload": workload, "workload_args": args, "space": space.name, "grid_size": n,
+            "baseline_in_grid": base_in_grid, "budget": budget, "exhaustive": exhaustive, "runs": runs,
+            "median_ratio": medians, "met": {"ratio": medians["tpe"] >= GOAL_RATIO,
+                                             "overhead": (exhaustive["overhead"] or 0.0) <= GOAL_OVERHEAD}}
+
+
+def _knobs(config: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (config or {}).items()) or "defaults"
+
+
+def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
+    ex, unit = p["exhaustive"], "tokens/s" if p["exhaustive"]["metric"] == "tokens_per_s" else "samples/s"
+    overhead = f"{ex['overhead']:.0%}" if ex["overhead"] is not None else "n/a"
+    lines = [f"### {TITLES[key]}: {p['workload']} {json.dumps(p['workload_args'])}", "",
+             f"Grid `bench/spaces/{p['space']}`: {p['grid_size']} configurations, measured exhaustively "
+             f"(brute force, {sum(ex['statuses'].values())} trials: {ex['statuses']}).", "",
+             "| | value |", "|---|---|",
+             f"| baseline (PyTorch defaults) | {ex['baseline'] or 0:,.1f} {unit} |",
+             f"| grid best | {ex['best']:,.1f} {unit}: {_knobs(ex['best_config'])} |",
+             f"| tuned vs baseline | {ex['speedup']:.2f}x |",
+             f"| tuning wall time / sum of trial wall times | {ex['wall_s']:.0f} s / {ex['trial_s']:.0f} s: "
+             f"overhead {overhead} (goal <= {GOAL_OVERHEAD:.0%}: {'met' if p['met']['overhead'] else 'NOT met'}) |",
+             "", f"Budget {p['budget']} configurations ({BUDGET_FRACTION:.0%} of the grid, baseline included); "
+             "best found / grid best:", "",
+             "| seed | TPE | TPE's best | random | random's best |", "|---|---|---|---|---|"]
+    by = {(r["seed"], r["sampler"]): r for r in p["runs"]}
+    for seed in sorted({r["seed"] for r in p["runs"]}):
+        t, r = by[(seed, "tpe")], by[(seed, "random")]
+        lines.append(f"| {seed} | {t['ratio']:.1%} | {_knobs(t['best_config'])} | {r['ratio']:.1%} | "
+                     f"{_knobs(r['best_config'])} |")
+    m = p["median_ratio"]
+    lines += [f"| **median** | **{m['tpe']:.1%}** | | **{m['random']:.1%}** | |", "",
+              f"TPE reaches >= {GOAL_RATIO:.0%} of the grid's best (median): "
+              f"{'met' if p['met']['ratio'] else 'NOT met'}.", ""]
+    return lines
+
+
+def markdown(res: dict[str, Any]) -> str:
+    lines = ["## Tuner", "", f"`{res['command']}`, run {res['started']} on {res['machine']}; "
+             f"{res['seeds']} seeds; each trial warm-up 2 steps, then >= 5 steps and >= 1.5 s.", "",
+             "Each grid is measured once by a brute-force study; the seeded TPE and random studies on the same "
+             "store reuse those measurements (same workload, hardware and software fingerprint), so they compare "
+             "the samplers on identical numbers. TPE here is Optuna's with 5 random start-up trials, and the "
+             "baseline is always the first of the budget.", ""]
+    for key, p in res["presets"].items():
+        lines += _md_preset(key, p)
+    return "\n".join(lines)
+
+
+def _machine() -> str:
+    import torch
+
+    return f"{platform.node() and 'vm'} ({len(os.sched_getaffinity(0))} CPUs, torch {torch.__version__})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the small grids and 2 seeds (a validation run)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per sampler (default 5; 2 with --quick)")
+    ap.add_argument("--presets", default=",".join(PRESETS), help=f"comma-separated: {', '.join(PRESETS)}")
+    args = ap.parse_args()
+    keys = [k for k in args.presets.split(",") if k]
+    unknown = [k for k in keys if k not in PRESETS]
+    if unknown:
+        ap.error(f"unknown preset(s) {', '.join(unknown)}; presets: {', '.join(PRESETS)}")
+    seeds = args.seeds or (2 if args.quick else 5)
+    # Ray's socket paths live under the data dir and must stay short; set before advisor loads its settings
+    data_dir = tempfile.mkdtemp(prefix="advb-", dir="/tmp")
+    os.environ["ADVISOR_DATA_DIR"] = data_dir
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    db_path = RESULTS / ("tune-quick.db" if args.quick else "tune.db")
+    db_path.unlink(missing_ok=True)  # a fresh store: the grid must be measured, not reused
+    name = "tune-quick" if args.quick else "tune"
+    res: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
+                           "command": " ".join(["bench/tune_bench.py", *sys.argv[1:]]), "machine": _machine(),
+                           "seeds": seeds, "db": str(db_path.relative_to(ROOT)), "presets": {}}
+    t0 = time.monotonic()
+    try:
+        for key in keys:
+            res["presets"][key] = bench_preset(key, args.quick, seeds, f"sqlite:///{db_path}")
+            (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))  # partial results survive a crash
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    res["total_s"] = time.monotonic() - t0
+    (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))
+    (RESULTS / f"{name}.md").write_text(markdown(res))
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
