@@ -41,7 +41,7 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _owner_gone(owner: str) -> bool:
+def owner_gone(owner: str) -> bool:
     """Whether the claiming process has ended: known only for processes of this host."""
     host, _, pid = owner.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
@@ -210,7 +210,7 @@ class SqlResultStore(ResultStore):
         with self.engine.begin() as conn:
             running = conn.execute(select(TrialRow.id, TrialRow.owner).where(
                 TrialRow.study_id == study_id, TrialRow.status == RecordStatus.running.value)).all()
-            gone = [r.id for r in running if r.owner != self.owner and (all_owners or _owner_gone(r.owner))]
+            gone = [r.id for r in running if r.owner != self.owner and (all_owners or owner_gone(r.owner))]
             if gone:
                 conn.execute(update(TrialRow).where(TrialRow.id.in_(gone), TrialRow.status == RecordStatus.running.value)
                              .values(status=RecordStatus.interrupted.value, finished_at=_now(),

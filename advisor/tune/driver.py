@@ -47,7 +47,8 @@ def _sampler(req: TuneRequest):
         return optuna.samplers.RandomSampler(seed=req.seed)
     if name == "brute-force":
         return optuna.samplers.BruteForceSampler(seed=req.seed)
-    return optuna.samplers.TPESampler(seed=req.seed, n_startup_trials=5)
+    # Random draws before TPE models the space: Optuna's 10 is most of a small budget; keep a quarter.
+    return optuna.samplers.TPESampler(seed=req.seed, n_startup_trials=min(5, max(2, req.trials // 4)))
 
 
 def _optuna_storage(url: str):
@@ -58,15 +59,21 @@ def _optuna_storage(url: str):
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 
-def _fail_stale(storage, study_name: str) -> None:
+def _fail_stale(storage, study_name: str) -> int:
+    """Optuna trials left RUNNING by a tuner that is gone become FAIL; another live tuner's stay."""
     import optuna
+
+    from advisor.store.sql import owner_gone
 
     try:
         study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
-        return
-    for trial in storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        return 0
+    stale = [t for t in storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+             if "owner" not in t.user_attrs or owner_gone(t.user_attrs["owner"])]
+    for trial in stale:
         storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
+    return len(stale)
 
 
 class DefineByRun:
@@ -74,12 +81,13 @@ class DefineByRun:
     along as one constant, so the trainable gets exactly what the space decided. A module-level
     class because Ray pickles the searcher (and this with it) in its experiment checkpoints."""
 
-    def __init__(self, space, context) -> None:
-        self.space, self.context = space, context
+    def __init__(self, space, context, owner: str) -> None:
+        self.space, self.context, self.owner = space, context, owner
 
     def __call__(self, trial) -> dict[str, Any]:
         from search_spaces import suggest
 
+        trial.set_user_attr("owner", self.owner)  # whose it is, so a later run can tell stale from live
         config = suggest(self.space, trial, self.context)
         return {"training_config": config.model_dump_json() if config is not None else None}
 
@@ -256,9 +264,9 @@ def _optuna_search(req: TuneRequest, space, context, ctx: StudyContext, study):
     storage = _optuna_storage(ctx.db_url)
     _fail_stale(storage, study.optuna_study_name)
     multi = len(ctx.objective.metrics) > 1
-    return OptunaSearch(space=DefineByRun(space, context), metric=["objective", "memory"] if multi else "objective",
+    return OptunaSearch(space=DefineByRun(space, context, ctx.owner), metric=["objective", "memory"] if multi else "objective",
                         mode=["max", "min"] if multi else "max", sampler=_sampler(req),
-                        study_name=study.optuna_study_name, storage=storage, seed=req.seed)
+                        study_name=study.optuna_study_name, storage=storage)  # the sampler carries the seed
 
 
 def _fit(req: TuneRequest, hw, ctx: StudyContext, name: str, budget: _Budget, callback, *, search_alg=None,
