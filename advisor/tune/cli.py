@@ -77,7 +77,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     columns = (TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*columns, console=console, transient=True) as progress:  # the table follows it
         task = progress.add_task("starting (Ray, the store, the baseline)", total=req.trials)
 
         def on_result(result: dict[str, Any], done: int, total: int) -> None:
