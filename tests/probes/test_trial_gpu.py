@@ -39,5 +39,7 @@ def test_cuda_only_knobs_run(knobs):
 
 
 def test_cuda_oom_is_a_status():
-    r = run_trial("tiny-mlp", {"batch_size": 2**28}, hardware="local", budget=QUICK, estimate=False)
+    # attention scores alone: 4096 x 4 heads x 8192^2 fp32 = 4.4 TB
+    r = run_trial("tiny-gpt2", {"batch_size": 4096}, hardware="local", budget=QUICK, estimate=False,
+                  workload_args={"seq_len": 8192, "num_samples": 4096})
     assert r.status == TrialStatus.oom
