@@ -16,6 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 HEADER = ROOT / "bench" / "BENCHMARKS.header.md"
+# Written by hand from bench/calibration_accuracy.py's run (its table pasted in): appended as it is.
+CALIBRATION = ROOT / "bench" / "BENCHMARKS.calibration.md"
 
 
 def _section(md: Path, title: str) -> str:
@@ -53,6 +55,8 @@ def main() -> int:
     parts.append(_section(RESULTS / "maxbatch.md", "Largest batch under a memory cap"))
     parts.append("Quick mode (`--quick`), earlier in the session:\n\n"
                  + _section(RESULTS / "accuracy-quick.md", "Largest batch under a memory cap").split("\n", 1)[1])
+    if CALIBRATION.exists():
+        parts.append(CALIBRATION.read_text())
     parts.append(_tuner())
     (ROOT / "BENCHMARKS.md").write_text("\n".join(parts))
     print(ROOT / "BENCHMARKS.md")

@@ -132,17 +132,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     t0 = time.perf_counter()
     wl, hw = _resolve(workload, hardware, workload_args)
     batch = wl.default_batch_size if batch_size is None else batch_size
-    if batch <= 0:
-        raise SpecError(f"batch size must be a positive integer, got {batch}")
-    try:
-        req = EstimateRequest(batch_size=batch, precision=Precision(precision), optimizer=OptimizerKind(optimizer),
-                              strategy=Strategy(strategy), checkpointing=checkpointing, fused_backward=fused_backward,
-                              offload_optimizer=offload_optimizer, offload_params=offload_params,
-                              optimizer_impl=optimizer_impl)
-    except ValueError as exc:
-        raise SpecError(str(exc).splitlines()[-1] if "validation error" in str(exc) else str(exc)) from exc
-    if req.strategy != Strategy.single and hw.world_size < 2:
-        raise SpecError(f"strategy {req.strategy.value} needs 2+ devices; give e.g. --hardware {hw.accelerator.name}:8")
+    req = _make_request(hw, batch, precision=precision, optimizer=optimizer, strategy=strategy,
+                        checkpointing=checkpointing, fused_backward=fused_backward, offload_optimizer=offload_optimizer,
+                        offload_params=offload_params, optimizer_impl=optimizer_impl)
     notes: list[str] = [hw.note] if hw.note else []
     margin = get_settings().memory_margin if margin is None else margin
     usable = int(hw.memory_per_device_bytes * (1 - margin))
@@ -184,6 +176,21 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         max_batch_size=by_strategy.get(req.strategy.value, ev.max_batch(usable)), max_batch_by_strategy=by_strategy,
         method=used, calibrated=calib is not None, refined_by=ev.refined.points if ev.refined else 0, num_params=tr.num_params, flops_per_step=tr.flops_per_step,
         predicted_step_s=step_s, predicted_samples_per_s=samples_s, notes=notes, seconds=time.perf_counter() - t0)
+
+
+def _make_request(hw: HardwareSpec, batch: int, **knobs: Any) -> EstimateRequest:
+    """The typed request, or a one-line SpecError saying what is wrong."""
+    if batch <= 0:
+        raise SpecError(f"batch size must be a positive integer, got {batch}")
+    try:
+        req = EstimateRequest(batch_size=batch, precision=Precision(knobs.pop("precision")),
+                              optimizer=OptimizerKind(knobs.pop("optimizer")), strategy=Strategy(knobs.pop("strategy")),
+                              **knobs)
+    except ValueError as exc:
+        raise SpecError(str(exc).splitlines()[-1] if "validation error" in str(exc) else str(exc)) from exc
+    if req.strategy != Strategy.single and hw.world_size < 2:
+        raise SpecError(f"strategy {req.strategy.value} needs 2+ devices; give e.g. --hardware {hw.accelerator.name}:8")
+    return req
 
 
 def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: dict[str, Any] | None,

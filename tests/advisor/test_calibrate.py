@@ -1,0 +1,40 @@
+"""CPU calibration: the second round of real runs near the predicted largest batch, against real runs."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from advisor.estimate import estimate_memory
+from advisor.hardware import get_hardware
+from advisor.measure import MeasureRequest, measure
+
+MB = 1_000_000
+
+
+def test_largest_batch_is_resolved_again_near_itself_and_really_fits() -> None:
+    # Asked at batch 16, the first round runs at 2-8; the largest batch under 260 MB is ~250, so the
+    # second round runs near 60 and 120 (cheap: a few hundred MB against this host's memory).
+    cap = 260 * MB
+    hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": cap})
+    est = estimate_memory("tiny-gpt2", hw, 16, calibrate=True, measured=False)  # default 5% margin
+    again = [n for n in est.notes if "re-solved" in n]
+    assert again, est.notes
+    first, second = map(int, re.search(r": (\d+) -> (\d+)$", again[0]).groups())
+    assert second == est.max_batch_size
+    batches = {int(b) for b in re.search(r"batch sizes ([\d, ]+):", again[0]).group(1).split(", ")}
+    assert {first // 4, first // 2} <= batches, again[0]  # the second round ran near the first answer
+    m = est.max_batch_size
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {b: pool.submit(measure, MeasureRequest(workload="tiny-gpt2", batch_size=b, mode="rss"))
+                for b in (m, int(m * 1.25))}
+        real = {b: f.result().rss_delta_bytes for b, f in runs.items()}
+    assert real[m] <= cap, (m, real)  # never above the real maximum
+    assert real[int(m * 1.25)] > cap, (m, real)  # and above 1/1.25 of it
+
+
+def test_no_second_round_when_the_cap_is_this_hosts_memory() -> None:
+    # Half the largest batch would take about half the host: not cheap, so no second round.
+    est = estimate_memory("tiny-mlp", "cpu", 64, calibrate=True, measured=False)
+    assert est.calibrated
+    assert not any("re-solved" in n for n in est.notes), est.notes
