@@ -116,8 +116,14 @@ class ForkServer:
     """Starts `python -m probes.forkserver` and forks ranks through it; thread-safe."""
 
     def __init__(self) -> None:
+        from advisor.settings import get_settings
+
+        # Inductor fixes its cache dir when it is imported, which the server does in PRELOAD: give
+        # it the advisor's now, so compiled trials share one cache (under the data dir) per run.
+        env = dict(os.environ)
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(get_settings().data_dir / "inductor"))
         self.proc = subprocess.Popen([sys.executable, "-m", "probes.forkserver"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None, bufsize=0)
+                                     stdout=subprocess.PIPE, stderr=None, bufsize=0, env=env)
         self.cond = threading.Condition()
         self.exits: dict[int, int] = {}
         self.pids: dict[int, int] = {}

@@ -109,12 +109,13 @@ def test_two_measured_peaks_give_a_max_batch_that_really_fits_and_is_close(tmp_p
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": cap})
     wl = load_workload("tiny-gpt2")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        points = {b: _rss(pool, b, 1) for b in (64, 192)}
+        # medians of 3: a single resident set varies 5-10% between identical runs here, as much as the margin
+        points = {b: _rss(pool, b, 3) for b in (64, 192)}
         for b, fut in points.items():
             record_measured_peak(wl, hw, EstimateRequest(batch_size=b), "none", _median(fut), "cpu_rss", None, store=store)
         est = estimate_memory("tiny-gpt2", hw, 192, calibrate=False, measured=store)
         m = est.max_batch_size
-        at_max, above = _rss(pool, m, 1), _rss(pool, int(m * 1.25), 1)
+        at_max, above = _rss(pool, m, 3), _rss(pool, int(m * 1.25), 3)
         real_at_max, real_above = _median(at_max), _median(above)
     assert est.refined_by == 2
     # Without the refinement the uncalibrated estimate here is ~60 MB high, its max batch ~40% low, and
