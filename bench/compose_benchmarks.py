@@ -57,6 +57,7 @@ def main() -> int:
                  + _section(RESULTS / "accuracy-quick.md", "Largest batch under a memory cap").split("\n", 1)[1])
     if CALIBRATION.exists():
         parts.append(CALIBRATION.read_text())
+    parts.append(_section(RESULTS / "trials.md", "Measured trials"))  # bench/trial_bench.py
     parts.append(_tuner())
     (ROOT / "BENCHMARKS.md").write_text("\n".join(parts))
     print(ROOT / "BENCHMARKS.md")

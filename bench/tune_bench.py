@@ -167,7 +167,8 @@ def markdown(res: dict[str, Any]) -> str:
              f"{res['seeds']} seeds; each trial warm-up 2 steps, then >= 5 steps and >= 1.5 s.", "",
              "Each grid is measured once by a brute-force study; the seeded TPE and random studies on the same "
              "store reuse those measurements (same workload, hardware and software fingerprint), so they compare "
-             "the samplers on identical numbers. TPE here is Optuna's with 5 random start-up trials, and the "
+             "the samplers on identical numbers. TPE here is Optuna's with min(5, max(2, budget // 4)) "
+             "random start-up trials (advisor/tune/driver.py), and the "
              "baseline is always the first of the budget.", ""]
     for key, p in res["presets"].items():
         lines += _md_preset(key, p)

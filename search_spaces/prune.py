@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 GiB = 2**30
 # The knobs the memory estimate depends on; two configs equal on these share one estimate.
 MEMORY_KNOBS = ("batch_size", "precision", "optimizer", "strategy", "nproc", "checkpointing", "fused_backward",
-                "optimizer_impl")
+                "optimizer_impl", "compile_mode")  # compile_mode: measured peaks refine the estimate per mode
 
 
 class Feasibility(BaseModel):
@@ -105,7 +105,8 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
         est = estimate_memory(workload, target, config.batch_size, precision=config.precision,
                               optimizer=config.optimizer, strategy=config.strategy, checkpointing=config.checkpointing,
                               fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl,
-                              workload_args=workload_args, calibrate=False, margin=margin)
+                              workload_args=workload_args, calibrate=False, margin=margin,
+                              compile_mode=config.compile_mode.value)
     except (EstimateError, TrialError) as exc:  # TrialError: the estimator's real-step fallback itself failed
         return Feasibility(launch=True, reason=f"no estimate ({exc}); launching to measure")
     sharing = config.nproc if hardware.device_type == "cpu" else 1
