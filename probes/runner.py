@@ -287,8 +287,13 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
 
 
 def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResult) -> None:
-    """A measured peak refines the estimator for this workload and device (advisor/peaks.py)."""
-    if result.peak_memory_bytes is None or result.peak_memory_bytes <= 0:
+    """A measured CUDA peak refines the estimator for this workload and device (advisor/peaks.py).
+
+    CPU peaks are not kept: a rank forked from the warm server has torch's compiler stack imported
+    already, which a fresh process (DESIGN.md's protocol, what the CPU estimate predicts) imports
+    while building its optimizer (~90 MB here), so the two do not measure the same thing.
+    """
+    if config.device != "cuda" or not result.peak_memory_bytes:
         return
     from advisor.estimate.model import EstimateRequest
     from advisor.peaks import record_measured_peak

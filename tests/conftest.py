@@ -4,10 +4,23 @@ PostgreSQL database with a random name, dropped afterwards. An unreachable serve
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
+
+# Each test run gets a data dir of its own: the store, measured peaks, trial scratch, Ray's temp dir
+# and the inductor cache are shared by this run's tests and by nothing else (not a user's data dir,
+# not an earlier run, whose measured peaks would refine the estimates under test). Set before any
+# test reads the settings; short, because Ray's socket paths live under it.
+_DATA_DIR = tempfile.mkdtemp(prefix="advtest-")
+os.environ["ADVISOR_DATA_DIR"] = _DATA_DIR
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ARG001 - pytest's hook
+    shutil.rmtree(_DATA_DIR, ignore_errors=True)
 
 PG_ENV = "ADVISOR_TEST_POSTGRES_URL"
 
