@@ -54,6 +54,7 @@ class ChildReport(BaseModel):
     environment: Environment | None = None
     digest: str | None = None
     notes: list[str] = Field(default_factory=list)
+    compiled_graphs: int | None = Field(default=None, description="Graphs dynamo captured and inductor compiled.")
     marks: dict[str, float] = Field(default_factory=dict, description="time.time() at each stage, for the overhead breakdown.")
 
 
@@ -278,6 +279,11 @@ def run(req: ChildRequest) -> ChildReport:
     if c.device == "cuda":
         peak = peak.model_copy(update={"cuda_allocated_bytes": torch.cuda.max_memory_allocated(),
                                        "cuda_reserved_bytes": torch.cuda.max_memory_reserved()})
+    graphs = None
+    if c.compile_mode != CompileMode.none:
+        from torch._dynamo.utils import counters
+
+        graphs = int(counters["stats"]["unique_graphs"])
     digest = None
     if info is not None:
         from probes.parallel import param_digest
@@ -286,7 +292,8 @@ def run(req: ChildRequest) -> ChildReport:
     return ChildReport(status=TrialStatus.ok, rank=rank, world_size=world, warmup_times=warmup, step_times=steps,
                        data_times=waits, samples_per_step=c.batch_size * c.grad_accum * world, peak=peak,
                        ops_per_step=ops, op_overhead_s=_op_overhead_s(device) if ops is not None else None,
-                       environment=environment(device), digest=digest, notes=notes, marks=marks)
+                       environment=environment(device), digest=digest, notes=notes, marks=marks,
+                       compiled_graphs=graphs)
 
 
 def _failure(exc: BaseException, rank: int) -> ChildReport:

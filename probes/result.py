@@ -86,6 +86,7 @@ class TrialResult(BaseModel):
     predicted_memory_bytes: int | None = Field(default=None, description="The estimator's total_bytes for this config (bytes).")
     predicts: str | None = Field(default=None, description="Which measured quantity predicted_memory_bytes predicts.")
     compile_s: float | None = Field(default=None, description="Warm-up time beyond ordinary steps, spent compiling (s).")
+    compiled_graphs: int | None = Field(default=None, description="Graphs torch.compile captured and compiled (compiled runs).")
     warmup_s: float | None = Field(default=None, description="Warm-up steps' wall time (s).")
     measured_s: float | None = Field(default=None, description="The timed window (s).")
     measured_steps: int | None = None

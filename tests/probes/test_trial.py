@@ -131,18 +131,14 @@ def test_a_strategy_that_cannot_run_is_invalid():
     assert r.status == TrialStatus.invalid and "fused" in r.error
 
 
-def test_compile_invokes_inductor(tmp_path):
-    from advisor.settings import get_settings
-
-    cache = get_settings().data_dir / "inductor"
-    before = set(cache.rglob("*")) if cache.exists() else set()
+def test_compile_invokes_inductor():
     r = run_trial("tiny-mlp", {"batch_size": 16, "compile_mode": "default"}, hardware="cpu", budget=QUICK, estimate=False)
     assert r.status == TrialStatus.ok, r.error
-    after = set(cache.rglob("*"))
-    # inductor wrote generated code (or, warm, found it there) and the warm-up paid for compiling
-    assert any(p.suffix in (".py", ".cpp", ".so") for p in after), sorted(map(str, after))[:5]
-    assert r.compile_s is not None and (r.compile_s > 0.2 or after == before)
+    assert r.compiled_graphs is not None and r.compiled_graphs >= 1  # dynamo captured the model, inductor built it
+    assert r.compile_s is not None and r.compile_s >= 0
     assert r.bottleneck.ops_per_step is None  # ops are counted in eager runs only
+    eager = run_trial("tiny-mlp", {"batch_size": 16}, hardware="cpu", budget=QUICK, estimate=False)
+    assert eager.compiled_graphs is None and eager.compile_s is None
 
 
 @pytest.mark.parametrize("knobs, reason", [
