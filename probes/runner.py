@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
