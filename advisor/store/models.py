@@ -6,11 +6,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, MetaData,
+from sqlalchemy import (JSON, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, MetaData,
                         String, Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from advisor.store.records import STUDY_STATUSES, TRIAL_STATUSES
+from advisor.store.records import JOB_STATUSES, STUDY_STATUSES, TRIAL_STATUSES
 
 # Named constraints, so migrations can address them on every backend (SQLite batch mode included).
 NAMING = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -106,3 +106,26 @@ class BestRow(Base):
     objective: Mapped[str] = mapped_column(String(200), primary_key=True)  # Objective.key
     trial_id: Mapped[int] = mapped_column(ForeignKey("advisor_trials.id", ondelete="CASCADE"))
     updated_at: Mapped[datetime]
+
+
+class JobRow(Base):
+    """A tune job of the service (`POST /v1/tune`); workers claim queued rows by a conditional UPDATE."""
+
+    __tablename__ = "advisor_jobs"
+    __table_args__ = (CheckConstraint(_in("status", JOB_STATUSES), name="status"),
+                      CheckConstraint("devices >= 1", name="devices"))
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # uuid4 hex
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    request: Mapped[dict[str, Any]]
+    devices: Mapped[int] = mapped_column(Integer)
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("advisor_studies.id", ondelete="SET NULL"))
+    study_name: Mapped[str | None] = mapped_column(String(200))
+    owner: Mapped[str | None] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]

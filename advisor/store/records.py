@@ -28,6 +28,9 @@ class RecordStatus(str, Enum):
 
 TRIAL_STATUSES = tuple(s.value for s in RecordStatus)
 STUDY_STATUSES = ("running", "finished", "failed")
+# A tune job of the service: queued -> running -> finished | failed; a cancel passes through cancelling.
+JOB_STATUSES = ("queued", "running", "cancelling", "cancelled", "finished", "failed")
+JOB_DONE = ("cancelled", "finished", "failed")
 # Outcomes that a rerun would reproduce, so a later study may reuse them instead of measuring again.
 MEASURED = (RecordStatus.ok, RecordStatus.oom)
 MAX_ATTEMPTS = 2  # the first run and one retry after an interruption
@@ -86,6 +89,8 @@ class StudyRecord(_Frozen):
     name: str
     workload_fp: str
     hardware_fp: str
+    workload_name: str | None = None
+    hardware_name: str | None = None
     space: dict[str, Any]
     objective: Objective
     software: dict[str, str | None]
@@ -145,6 +150,25 @@ class BestRecord(_Frozen):
     objective: str = Field(description="Objective.key")
     trial: TrialRecord
     updated_at: datetime
+
+
+class JobRecord(_Frozen):
+    """A tune job queued through the service; `request` is the API's TuneJobRequest as JSON."""
+
+    id: str
+    status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
+    request: dict[str, Any]
+    devices: int = Field(ge=1, description="Devices (or the CPU) the job occupies while it runs.")
+    study_id: int | None = None
+    study_name: str | None = None
+    owner: str | None = Field(default=None, description="host:pid of the worker running it.")
+    attempts: int = Field(ge=0, description="Times a worker started it (a resume after a restart counts).")
+    error: str | None = None
+    cancel_requested: bool = False
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    heartbeat_at: datetime | None = None
 
 
 class TrialQuery(_Frozen):

@@ -9,7 +9,7 @@ import socket
 from datetime import datetime, timezone
 from typing import Any, Callable, TypeVar
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -146,14 +146,43 @@ class SqlResultStore(ResultStore):
 
     @_db
     def get_study(self, name_or_id: str | int) -> StudyRecord | None:
+        found = self._studies(_study_match(name_or_id), limit=1)
+        return found[0] if found else None
+
+    @_db
+    def list_studies(self, *, limit: int | None = None, offset: int = 0) -> tuple[list[StudyRecord], int]:
+        """Newest first, and how many there are in all."""
+        with self.engine.connect() as conn:
+            total = conn.execute(select(func.count()).select_from(StudyRow)).scalar_one()
+        return self._studies(None, limit=limit, offset=offset, newest_first=True), total
+
+    def _studies(self, where: Any, *, limit: int | None, offset: int = 0, newest_first: bool = False) -> list[StudyRecord]:
+        stmt = (select(StudyRow, WorkloadRow.name, HardwareRow.name)
+                .join(WorkloadRow, StudyRow.workload_fp == WorkloadRow.fingerprint)
+                .join(HardwareRow, StudyRow.hardware_fp == HardwareRow.fingerprint)
+                .order_by(StudyRow.id.desc() if newest_first else StudyRow.id).offset(offset).limit(limit))
+        if where is not None:
+            stmt = stmt.where(where)
         with self._session() as s:
-            row = s.scalars(select(StudyRow).where(_study_match(name_or_id)).order_by(StudyRow.id)).first()
-            if row is None:
-                return None
-            return StudyRecord(id=row.id, name=row.name, workload_fp=row.workload_fp, hardware_fp=row.hardware_fp,
-                               space=row.space, objective=Objective.model_validate(row.objective), software=row.software,
-                               software_fp=row.software_fp, optuna_study_name=row.optuna_study_name, status=row.status,
-                               created_at=_utc(row.created_at), finished_at=_utc(row.finished_at))
+            return [StudyRecord(id=row.id, name=row.name, workload_fp=row.workload_fp, hardware_fp=row.hardware_fp,
+                                workload_name=wname, hardware_name=hname, space=row.space,
+                                objective=Objective.model_validate(row.objective), software=row.software,
+                                software_fp=row.software_fp, optuna_study_name=row.optuna_study_name,
+                                status=row.status, created_at=_utc(row.created_at), finished_at=_utc(row.finished_at))
+                    for row, wname, hname in s.execute(stmt)]
+
+    @_db
+    def trial_counts(self, study_ids: list[int]) -> dict[int, dict[str, int]]:
+        """Trials by status, per study."""
+        out: dict[int, dict[str, int]] = {i: {} for i in study_ids}
+        if not study_ids:
+            return out
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(TrialRow.study_id, TrialRow.status, func.count())
+                                .where(TrialRow.study_id.in_(study_ids)).group_by(TrialRow.study_id, TrialRow.status))
+            for study_id, status, n in rows:
+                out[study_id][status] = n
+        return out
 
     @_db
     def finish_study(self, study_id: int, status: str = "finished") -> None:
@@ -228,6 +257,27 @@ class SqlResultStore(ResultStore):
         stmt = stmt.order_by(order.nulls_last(), TrialRow.id).offset(query.offset).limit(query.limit)
         with self._session() as s:
             return [self._trial_record(row) for row in s.execute(stmt)]
+
+    @_db
+    def count_trials(self, query: TrialQuery) -> int:
+        """How many trials match `query`'s filters (its sort, limit and offset aside)."""
+        stmt = (select(func.count()).select_from(TrialRow).join(StudyRow, TrialRow.study_id == StudyRow.id)
+                .join(WorkloadRow, StudyRow.workload_fp == WorkloadRow.fingerprint)
+                .join(HardwareRow, StudyRow.hardware_fp == HardwareRow.fingerprint).where(*self._filters(query)))
+        with self.engine.connect() as conn:
+            return conn.execute(stmt).scalar_one()
+
+    @_db
+    def trial_status_counts(self) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            return dict(conn.execute(select(TrialRow.status, func.count()).group_by(TrialRow.status)).all())
+
+    @_db
+    def best_generation(self) -> tuple[int, str | None]:
+        """Changes whenever a best configuration is stored or replaced: (rows, latest update)."""
+        with self.engine.connect() as conn:
+            n, latest = conn.execute(select(func.count(), func.max(BestRow.updated_at))).one()
+        return n, None if latest is None else str(latest)
 
     @staticmethod
     def _filters(q: TrialQuery) -> list[Any]:

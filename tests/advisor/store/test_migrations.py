@@ -41,7 +41,7 @@ def tables(url: str) -> set[str]:
 
 def test_upgrade_from_empty_matches_the_models(db_url):
     engine = make_engine(resolve_url(db_url))
-    assert upgrade(engine) == head_revision() == "0001"
+    assert upgrade(engine) == head_revision() == "0002"
     engine.dispose()
     assert OURS | {VERSION_TABLE} <= tables(db_url)
     assert schema_diff(db_url) == []
@@ -131,3 +131,30 @@ def test_processes_opening_an_empty_database_together_all_succeed(db_url):
     assert schema_diff(db_url) == []
     with open_store(db_url) as store:
         assert all(store.get_study(f"s{i}") is not None for i in range(3))
+
+
+def test_a_store_of_the_previous_revision_is_refused_then_upgraded_with_its_data(db_url):
+    engine = make_engine(resolve_url(db_url))
+    assert upgrade(engine, "0001") == "0001"  # a store written before the service's job queue
+    engine.dispose()
+    assert "advisor_jobs" not in tables(db_url)
+    engine = make_engine(resolve_url(db_url))
+    with engine.begin() as conn:  # a study and a trial, as the 0001 advisor wrote them
+        conn.execute(text("INSERT INTO advisor_workloads (fingerprint, name, description, created_at) "
+                          "VALUES ('w', 'tiny-gpt2', '{}', '2026-01-01')"))
+        conn.execute(text("INSERT INTO advisor_hardware (fingerprint, name, spec, created_at) "
+                          "VALUES ('h', 'cpu', '{}', '2026-01-01')"))
+        conn.execute(text("INSERT INTO advisor_studies (name, workload_fp, hardware_fp, space, objective, software, "
+                          "software_fp, optuna_study_name, status, created_at) VALUES ('old', 'w', 'h', '{}', "
+                          "'{\"metrics\": [{\"name\": \"samples_per_s\", \"direction\": \"maximize\"}]}', '{}', 's', "
+                          "'old', 'finished', '2026-01-01')"))
+    with pytest.raises(StoreError, match="advisor db upgrade"):
+        open_store(db_url)
+    assert upgrade(engine) == head_revision() == "0002"
+    engine.dispose()
+    assert schema_diff(db_url) == []
+    with open_store(db_url) as store:
+        assert store.get_study("old").workload_name == "tiny-gpt2"
+        from advisor.store.jobs import JobQueue
+
+        assert JobQueue(store).submit({"workload": "tiny-gpt2"}, 1).status == "queued"

@@ -95,8 +95,8 @@ def test_db_current_and_upgrade(tmp_path):
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     assert "revision none (empty)" in advisor("db", "current", "--db", url).stdout
     up = advisor("db", "upgrade", "--db", url)
-    assert up.returncode == 0 and "at revision 0001" in up.stdout
-    assert "revision 0001; this advisor's head: 0001" in advisor("db", "current", "--db", url).stdout
+    assert up.returncode == 0 and "at revision 0002" in up.stdout
+    assert "revision 0002; this advisor's head: 0002" in advisor("db", "current", "--db", url).stdout
     bad = advisor("db", "current", "--db", "mysql://x/y")
     assert bad.returncode == 2 and "not supported" in bad.stderr
 
