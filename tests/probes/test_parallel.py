@@ -74,10 +74,13 @@ def reference(kind: str, precision: str, world_size: int = 2) -> Reference:
                      optimizer_state_bytes(ctx.optimizers[0]))
 
 
-def assert_trained_like_reference(ranks: list[dict], ref: Reference, atol: float = 2e-6) -> None:
+def assert_trained_like_reference(ranks: list[dict], ref: Reference, atol: float = 2e-5) -> None:
     """Ranks agree, started from rank 0's weights, moved, and match one process on all the data.
 
-    fp32 only: two Adam-like steps move each tensor by ~2e-3, far above `atol`.
+    fp32 only: two Adam-like steps move each tensor by ~2e-3, far above `atol`. Adam divides each
+    gradient by its own scale, so where a gradient is near zero the rounding of a two-rank average
+    against one batch's sum (another summation order) shows: up to ~1e-5 on some CPUs (AVX-512
+    here), 1% of a step. A rank that skipped the all-reduce, or a wrong shard, is off by a whole step.
     """
     assert ranks[0]["final_digest"] == ranks[1]["final_digest"]
     assert [r["wrapped_digest"] for r in ranks] == [ref.initial_digest] * 2  # rank 1's own init replaced
