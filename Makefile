@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 export ADVISOR_DATA_DIR ?= $(CURDIR)/.data
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,7 +27,13 @@ demo: install
 	$(BIN)/advisor results best
 	$(BIN)/advisor estimate --workload gpt2-small --hardware h100-sxm --batch-size 8 --precision bf16
 
-test: install
+# The page's test drives Debian's Chromium; where it is required (CI) and missing, install it (root).
+browser:
+	@if [ "$$ADVISOR_TEST_BROWSER" = required ] && ! command -v chromium >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+	  || (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null); fi
+
+test: install browser
 	$(BIN)/python -m pytest -q
 
 bench: install

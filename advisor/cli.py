@@ -94,10 +94,11 @@ def _build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--json", action="store_true", help="print JSON; with --bench: {\"probe\": ..., \"bench\": ...}")
     _add_bench_args(probe)
 
-    from advisor import cli_store
+    from advisor import cli_serve, cli_store
     from advisor.tune import cli as tune_cli
 
     cli_store.add_parsers(sub, _positive_int)
+    cli_serve.add_parsers(sub, _positive_int)
     tune_cli.add_parser(sub, _add_workload_args, _positive_int)
     return parser
 
@@ -259,9 +260,21 @@ def _cmd_results(args: argparse.Namespace) -> int:
     return cmd_results(args)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from advisor.cli_serve import cmd_serve
+
+    return cmd_serve(args)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from advisor.cli_serve import cmd_worker
+
+    return cmd_worker(args)
+
+
 COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware,
             "probe": _cmd_probe, "tune": _cmd_tune, "db": _cmd_db, "results": _cmd_results,
-            "recommend": cli_recommend.cmd_recommend}
+            "recommend": cli_recommend.cmd_recommend, "serve": _cmd_serve, "worker": _cmd_worker}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,7 @@ hardware, or of a same-named workload on this hardware, adjusted by the estimato
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -74,10 +75,11 @@ def dataset_length(workload: "Workload") -> int | None:
 
 
 def recommend(workload: str, hardware: str | list[str], *, workload_args: dict[str, Any] | None = None,
-              db: str | None = None, prices: dict[str, float] | None = None) -> list[Recommendation]:
+              db: "str | ResultStore | None" = None, prices: dict[str, float] | None = None) -> list[Recommendation]:
     """One Recommendation per hardware candidate, best first: by cost per epoch where prices are
     given (candidates without a price after those with one), else by time per epoch; those that
-    fit before those that do not. `prices`: USD per device-hour, keyed as in `hardware`."""
+    fit before those that do not. `prices`: USD per device-hour, keyed as in `hardware`. `db`: a
+    database URL (opened and closed here) or an open store (left open: the API's)."""
     from advisor.fingerprint import workload_fingerprint
     from advisor.hardware import get_hardware
     from advisor.store import open_store
@@ -88,7 +90,7 @@ def recommend(workload: str, hardware: str | list[str], *, workload_args: dict[s
     targets = {name: get_hardware(name) for name in names}  # bad names fail before the workload loads
     args = dict(workload_args or {})
     wl = load_workload(workload, args)
-    with open_store(db) as store:
+    with nullcontext(db) if db is not None and not isinstance(db, str) else open_store(db) as store:
         target = _Target(store=store, workload=wl, spec=workload, args=args, fp=workload_fingerprint(wl),
                          epoch=dataset_length(wl))
         recs = [_priced(_for_hardware(target, name, hw), prices.get(name)) for name, hw in targets.items()]

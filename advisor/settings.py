@@ -6,7 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -28,6 +28,25 @@ class Settings(BaseSettings):
                               description="SQLAlchemy URL of the result store (postgresql:// is accepted and means psycopg 3).")
     sqlite_busy_timeout_s: float = Field(default=10.0, gt=0, description="How long SQLite waits for another process's lock (s).")
     trace_param_limit: int = Field(default=3_000_000_000, gt=0, description="Models with more parameters than this use the analytic path (parameters).")
+    # -- the service (`advisor serve`) ------------------------------------------------------------
+    api_host: str = Field(default="127.0.0.1", description="Address `advisor serve` binds (loopback unless set).")
+    api_port: int = Field(default=8000, ge=1, le=65535, description="Port `advisor serve` listens on.")
+    api_token: SecretStr | None = Field(default=None, description="Bearer token required by POST /v1/tune and DELETE "
+                                        "/v1/jobs/{id}; unset: those routes answer 403.")
+    workload_modules: str = Field(default="", description="Comma-separated module prefixes whose `pkg.module:build` "
+                                  "workloads the API accepts (built-in presets always; file paths never).")
+    api_max_body_bytes: int = Field(default=65_536, gt=0, description="Largest request body the API reads (bytes).")
+    max_jobs: int | None = Field(default=None, gt=0, description="Tune jobs run at once; default: this machine's "
+                                 "devices (GPUs, or 1 for the CPU).")
+    run_jobs: bool = Field(default=True, description="`advisor serve` runs queued tune jobs itself (else run "
+                           "`advisor worker` beside it).")
+    ray_address: str | None = Field(default=None, description="Ray cluster the service's tune jobs join (default: a "
+                                    "local Ray per job).")
+    recommend_cache_s: float = Field(default=2.0, ge=0, description="How long the API serves a recommendation "
+                                     "before checking the store for newer results (s).")
+
+    def workload_module_prefixes(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.workload_modules.split(",") if p.strip())
 
 
 @lru_cache(maxsize=1)

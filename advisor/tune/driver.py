@@ -158,7 +158,9 @@ def _resources(hw) -> Callable[[dict[str, Any]], dict[str, float]]:
     """CPUs and GPUs a trial reserves: on a CPU target the whole machine (trials must not share cores)."""
     import ray
 
-    total_cpu = ray.cluster_resources().get("CPU", 1.0)
+    # A CPU trial takes a whole node (trials must not share cores): the largest node's CPUs, not the
+    # cluster's total, which no single node could hold.
+    total_cpu = max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")), default=1.0) or 1.0
 
     def per_trial(config: dict[str, Any]) -> dict[str, float]:
         raw = config.get("training_config")
@@ -204,8 +206,10 @@ def _open_study(req: TuneRequest, wl, hw, space, objective: Objective):
     return store, study, ctx
 
 
-def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int], None] | None = None) -> TuneSummary:
-    """Tune `req.workload` on `req.hardware`; see the module docstring. Returns the study's summary."""
+def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int], None] | None = None,
+             on_study: Callable[[Any], None] | None = None) -> TuneSummary:
+    """Tune `req.workload` on `req.hardware`; see the module docstring. Returns the study's summary.
+    `on_result(result, done, total)` after each trial; `on_study(StudyRecord)` once the study is open."""
     from advisor.store import config_hash
 
     t0 = time.monotonic()
@@ -213,6 +217,8 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     wl, hw, space, context, base = _prepare(req)
     objective = _objective(req, bool(wl.tokens_per_sample))
     store, study, ctx = _open_study(req, wl, hw, space, objective)
+    if on_study is not None:
+        on_study(study)
     interrupted = store.mark_interrupted(study.id)
     retries = [r.config for r in store.retries_due(study.id)]
     records = store.study_trials(study.id)

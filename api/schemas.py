@@ -1,0 +1,217 @@
+"""What crosses the HTTP boundary: request bodies and responses of /v1, with examples for OpenAPI.
+
+Stored records (advisor.store.records) stay internal; these are their public shapes. Every model
+forbids unknown fields, so a misspelt knob is a 422 naming it rather than a silent default.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.recommend import Recommendation
+
+T = TypeVar("T")
+MAX_ARGS = 32  # workload_args entries
+MAX_CANDIDATES = 16  # hardware candidates in one recommend
+MAX_PAGE = 500  # rows in one page
+
+JobStatus = Literal["queued", "running", "cancelling", "cancelled", "finished", "failed"]
+JOB_STATUSES: tuple[str, ...] = ("queued", "running", "cancelling", "cancelled", "finished", "failed")
+JOB_DONE = ("cancelled", "finished", "failed")
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _check_args(v: dict[str, Any]) -> dict[str, Any]:
+    if len(v) > MAX_ARGS:
+        raise ValueError(f"at most {MAX_ARGS} workload_args")
+    for key in v:
+        if not key.isidentifier():
+            raise ValueError(f"workload_args key {key!r} is not a Python identifier")
+    return v
+
+
+class WorkloadRef(_In):
+    workload: str = Field(min_length=1, max_length=200, description="A built-in preset (GET /v1/workloads), or "
+                          "`pkg.module:build` inside the server's ADVISOR_WORKLOAD_MODULES.",
+                          examples=["tiny-gpt2"])
+    workload_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the workload's build.",
+                                          examples=[{"seq_len": 128}])
+
+    _args = field_validator("workload_args")(_check_args)
+
+
+class EstimateRequest(WorkloadRef):
+    hardware: str = Field(min_length=1, max_length=100, description="Catalog name[:devices[xnodes]] or 'cpu'.",
+                          examples=["h100-sxm"])
+    batch_size: int | None = Field(default=None, gt=0, le=1_000_000, description="Micro-batch per device; default the workload's.")
+    precision: Precision = Precision.fp32
+    optimizer: OptimizerKind = OptimizerKind.adamw
+    strategy: Strategy = Strategy.single
+    optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = None
+    checkpointing: bool = False
+    fused_backward: bool = False
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    margin: float | None = Field(default=None, ge=0, lt=1, description="Fraction of device memory kept free.")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"workload": "gpt2-small", "hardware": "h100-sxm", "batch_size": 8, "precision": "bf16"}]})
+
+
+class RecommendRequest(WorkloadRef):
+    hardware: list[str] | str = Field(description="One candidate or several: catalog name[:devices].",
+                                      examples=[["a100-80gb", "h100-sxm", "l4"]])
+    prices: dict[str, float] | None = Field(default=None, description="USD per device-hour, keyed as in `hardware`; "
+                                            "ranks by cost per epoch.", examples=[{"a100-80gb": 1.8, "h100-sxm": 3.2}])
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"workload": "gpt2-small", "hardware": ["a100-80gb", "h100-sxm", "l4"],
+         "prices": {"a100-80gb": 1.8, "h100-sxm": 3.2, "l4": 0.7}}]})
+
+    @field_validator("hardware")
+    @classmethod
+    def _few(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list) and not 1 <= len(v) <= MAX_CANDIDATES:
+            raise ValueError(f"give 1 to {MAX_CANDIDATES} hardware candidates")
+        return v
+
+
+class RecommendResponse(_Out):
+    workload: str
+    recommendations: list[Recommendation] = Field(description="Best first: fitting, then cost or time per epoch.")
+
+
+class TuneJobRequest(WorkloadRef):
+    """What POST /v1/tune queues: `advisor tune`'s options (same names, same defaults)."""
+
+    hardware: str = Field(default="local", max_length=100, description="Where the trials run: 'local', 'cpu' or a "
+                          "catalog spec of the worker's devices.", examples=["cpu"])
+    space: str = Field(default="quick", max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+                       description="A search-space preset name (files are not accepted over the API).")
+    fixes: dict[str, Any] = Field(default_factory=dict, description="Knobs held at one value.", examples=[{"precision": "bf16"}])
+    objective: Literal["throughput", "throughput,memory"] = "throughput"
+    global_batch_size: int | None = Field(default=None, gt=0)
+    sampler: Literal["tpe", "random", "nsga2", "brute-force"] | None = None
+    trials: int = Field(default=20, gt=0, le=1000, description="Distinct configurations in the study, baseline included.")
+    time_budget_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+    patience: int | None = Field(default=None, gt=0)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    remeasure: bool = False
+    min_time_s: float = Field(default=2.0, gt=0, le=600, description="Seconds each trial is timed at least.")
+    trial_timeout_s: float = Field(default=300.0, gt=0, le=86400, description="A trial is killed after this long.")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"workload": "tiny-gpt2", "workload_args": {"seq_len": 128}, "hardware": "cpu", "space": "quick", "trials": 6,
+         "min_time_s": 1}]})
+
+    _fixes = field_validator("fixes")(_check_args)
+
+
+class BestSoFar(_Out):
+    trial_id: int
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    config: dict[str, Any]
+
+
+class Progress(_Out):
+    done: int = Field(description="Trials of this job's study finished (any status but running).")
+    total: int = Field(description="The study's trial budget.")
+    fraction: float = Field(ge=0, le=1)
+
+
+class Job(_Out):
+    id: str
+    status: JobStatus
+    request: dict[str, Any] = Field(description="The TuneJobRequest as submitted.")
+    study_id: int | None = None
+    study_name: str | None = None
+    progress: Progress
+    best: BestSoFar | None = None
+    error: str | None = None
+    worker: str | None = Field(default=None, description="host:pid of the process running it.")
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class JobAccepted(_Out):
+    job_id: str
+    status: JobStatus
+    href: str = Field(description="Where to poll: GET /v1/jobs/{id}.")
+
+
+class Trial(_Out):
+    id: int
+    study_id: int
+    study_name: str
+    workload_name: str
+    workload_fp: str
+    hardware_name: str
+    hardware_fp: str
+    config: dict[str, Any] = Field(description="The TrainingConfig measured.")
+    config_hash: str
+    attempt: int
+    status: str = Field(description="ok, oom, timeout, crashed, error, invalid, pruned, interrupted or running.")
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    step_p50_s: float | None = None
+    step_p90_s: float | None = None
+    peak_memory_bytes: int | None = None
+    predicted_memory_bytes: int | None = None
+    data_wait_fraction: float | None = None
+    mfu: float | None = None
+    bottleneck: str | None = None
+    error: str | None = None
+    started_at: datetime
+    finished_at: datetime | None = None
+
+
+class Study(_Out):
+    id: int
+    name: str
+    workload_name: str
+    workload_fp: str
+    hardware_name: str
+    hardware_fp: str
+    status: Literal["running", "finished", "failed"]
+    objective: str = Field(description="e.g. samples_per_s:maximize")
+    created_at: datetime
+    finished_at: datetime | None = None
+    trial_counts: dict[str, int] = Field(description="Trials by status.")
+    best: Trial | None = Field(default=None, description="The best ok trial by the objective's first metric.")
+    space: dict[str, Any] | None = Field(default=None, description="The search space (GET /v1/studies/{id} only).")
+
+
+class Page(_Out, Generic[T]):
+    items: list[T]
+    total: int = Field(description="Rows matching the filters, all pages.")
+    limit: int
+    offset: int
+
+
+class HardwareItem(_Out):
+    name: str
+    spec: dict[str, Any]
+
+
+class WorkloadItem(_Out):
+    name: str
+    parameters: dict[str, Any] = Field(description="Keyword arguments its build takes, with defaults.")
+    description: str | None = None
+
+
+class ErrorBody(_Out):
+    detail: str = Field(description="What was wrong and what is allowed.")

@@ -1,0 +1,149 @@
+"""Fixtures for the service's tests: stores with real measured trials (SQLite, and PostgreSQL where
+ADVISOR_TEST_POSTGRES_URL names a server), the app in process, and `advisor serve` as a real
+process on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "test-token-0123456789"
+
+
+@pytest.fixture
+def seeded(db_url: str) -> tuple[str, dict]:
+    """(url, facts) of a store holding one study of real measured tiny-mlp trials on this CPU."""
+    from api_seed import seed
+
+    return db_url, seed(db_url)
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[..., "object"]]:
+    """make_client(url, **settings) -> a TestClient of create_app over that store (lifespan run)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # starlette's note about httpx's successor
+        from fastapi.testclient import TestClient
+
+    from advisor.settings import Settings
+    from api.app import create_app
+
+    clients = []
+
+    def make(url: str, **settings):  # noqa: ANN202
+        client = TestClient(create_app(url, settings=Settings(database_url=url, **settings)),
+                            raise_server_exceptions=False)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`advisor serve` in a process of its own (its own session, so a kill reaches only it)."""
+
+    def __init__(self, url: str, data_dir: Path, **env: str) -> None:
+        self.url, self.data_dir, self.env = url, data_dir, env
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log = data_dir / f"serve-{self.port}.log"
+
+    def start(self, timeout: float = 60) -> "Server":
+        env = {**os.environ, "ADVISOR_DATA_DIR": str(self.data_dir), "ADVISOR_API_TOKEN": TOKEN,
+               "ADVISOR_LOG_LEVEL": "INFO", **self.env}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "advisor.cli", "serve", "--port", str(self.port),
+                                          "--db", self.url], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.base}/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"advisor serve did not answer in {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def client(self, token: str | None = TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.base, headers=headers, timeout=30)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(60)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def short_data_dir() -> Iterator[Path]:
+    """A short data dir for a server and its jobs (Ray's socket paths live under it)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="advs-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def serve(short_data_dir: Path) -> Iterator[Callable[..., Server]]:
+    """serve(url, **env) -> a started Server; every one is stopped afterwards."""
+    servers: list[Server] = []
+
+    def start(url: str, **env: str) -> Server:
+        server = Server(url, short_data_dir, **env).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def live_server(sqlite_url: str, serve) -> tuple[str, dict]:  # noqa: ANN001
+    """(base URL, facts) of `advisor serve` over a seeded SQLite store, over real HTTP on loopback."""
+    from api_seed import seed
+
+    facts = seed(sqlite_url)
+    return serve(sqlite_url).base, facts
+
+
+@pytest.fixture(scope="session")
+def artifact_dir() -> Path:
+    """Where tests leave files for people (screenshots): ADVISOR_TEST_ARTIFACTS, else .data/test-artifacts."""
+    path = Path(os.environ.get("ADVISOR_TEST_ARTIFACTS", ROOT / ".data" / "test-artifacts"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
