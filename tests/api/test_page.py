@@ -1,0 +1,148 @@
+"""The web page at / in headless Chromium, against `advisor serve` over a store of real measured
+trials: the plots carry one mark per trial the API reports, the best-configs table leads with the
+fastest trial, a click switches the study, and API errors and user text show as text.
+
+Needs the `playwright` package and Chromium at /usr/bin/chromium: where either is missing the
+tests skip, or fail where ADVISOR_TEST_BROWSER=required.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+TIMEOUT_MS = 30_000
+MIN_SCREENSHOT_BYTES = 20_000  # a blank 1280-px page is a few kB; tables and three plots are far more
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("ADVISOR_TEST_BROWSER") == "required":
+        pytest.fail(f"ADVISOR_TEST_BROWSER=required but {reason}")
+    pytest.skip(f"{reason} (set ADVISOR_TEST_BROWSER=required to make this a failure)")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for this module's tests (each launch costs seconds)."""
+    try:
+        from playwright.sync_api import Error, sync_playwright
+    except ImportError:
+        _unavailable("the Python package playwright is not installed (pip install -e '.[test]')")
+    if not CHROMIUM.is_file():
+        _unavailable(f"Chromium is not installed at {CHROMIUM}")
+    with sync_playwright() as pw:
+        try:
+            chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        except Error as exc:
+            _unavailable(f"Chromium at {CHROMIUM} does not start: {str(exc).splitlines()[0]}")
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page that records script errors; the test asserts there were none."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.script_errors = []
+    pg.on("pageerror", lambda exc: pg.script_errors.append(str(exc)))
+    yield pg
+    context.close()
+
+
+def _rate_key(trials: list[dict]) -> str:
+    """The page's throughput: tokens/s where the workload counts tokens, else samples/s."""
+    return "tokens_per_s" if any(t["status"] == "ok" and t["tokens_per_s"] is not None for t in trials) \
+        else "samples_per_s"
+
+
+def _ids(page: Any, selector: str) -> list[int]:
+    return [int(x) for x in page.eval_on_selector_all(selector, "els => els.map(e => e.dataset.trialId)")]
+
+
+def _check_detail(page: Any, base: str, study_id: int) -> None:
+    """The shown study's plots and tables against what the API returns for it."""
+    page.wait_for_selector(f'#study-detail[data-study-id="{study_id}"]')
+    trials = httpx.get(f"{base}/v1/studies/{study_id}/trials", params={"limit": 500}).raise_for_status().json()["items"]
+    key = _rate_key(trials)
+    measured = [t for t in trials if t["status"] == "ok" and t[key] is not None]
+    assert measured, f"study {study_id} has no measured trials to plot"
+
+    assert sorted(_ids(page, "#plot-throughput-batch svg circle[data-trial-id]")) == sorted(t["id"] for t in measured)
+    with_memory = [t for t in measured if t["peak_memory_bytes"] is not None]
+    assert sorted(_ids(page, "#plot-pareto svg circle[data-trial-id]")) == sorted(t["id"] for t in with_memory)
+    finished = [t for t in trials if t["finished_at"] is not None]
+    assert sorted(_ids(page, "#plot-timeline svg rect[data-trial-id]")) == sorted(t["id"] for t in finished)
+
+    fastest = max(measured, key=lambda t: t[key])
+    assert _ids(page, "#best-configs tbody tr[data-trial-id]")[0] == fastest["id"]
+    if fastest["peak_memory_bytes"] is not None:  # nothing beats the fastest on throughput: it is on the front
+        assert page.locator(f'#plot-pareto circle[data-trial-id="{fastest["id"]}"][data-pareto]').count() == 1
+    assert sorted(_ids(page, "#trials tbody tr[data-trial-id]")) == sorted(t["id"] for t in trials)
+
+
+def test_page_plots_the_measured_trials_and_switches_study(live_server: tuple[str, dict], sqlite_url: str,
+                                                           page: Any, artifact_dir: Path) -> None:
+    from api_seed import seed
+
+    base, facts = live_server
+    second = seed(sqlite_url, study="seeded-tiny-mlp-again")  # a newer study: the page opens on it
+    studies = httpx.get(f"{base}/v1/studies").raise_for_status().json()["items"]
+    assert {s["id"] for s in studies} == {facts["study_id"], second["study_id"]}
+
+    page.goto(f"{base}/")
+    page.wait_for_selector("#studies table tbody tr[data-study-id]")
+    assert page.locator("#studies tbody tr[data-study-id]").count() == len(studies)
+    _check_detail(page, base, second["study_id"])
+
+    page.click(f'#studies tr[data-study-id="{facts["study_id"]}"]')
+    _check_detail(page, base, facts["study_id"])
+    assert _ids(page, "#best-configs tbody tr[data-trial-id]")[0] == facts["best_trial_id"]
+    assert "seeded-tiny-mlp" in page.inner_text("#study-title")
+    assert page.locator(f'#studies tr.selected[data-study-id="{facts["study_id"]}"]').count() == 1
+    assert page.locator("#error").is_hidden()
+    assert not page.script_errors
+
+    shot = artifact_dir / "page.png"
+    shot.unlink(missing_ok=True)
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.is_file() and shot.stat().st_size > MIN_SCREENSHOT_BYTES
+
+
+def test_page_shows_api_errors_and_user_text_as_text(live_server: tuple[str, dict], page: Any) -> None:
+    base, facts = live_server
+    hostile = '<img src=x onerror="window.__pwned = 1">'
+
+    def jobs_down(route: Any) -> None:
+        route.fulfill(status=503, content_type="application/json",
+                      body=json.dumps({"detail": "the job queue is <b>unavailable</b>"}))
+
+    def hostile_names(route: Any) -> None:  # the real answer, with a workload name a user could have chosen
+        body = route.fetch().json()
+        for study in body["items"]:
+            study["name"] = study["workload_name"] = hostile
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
+
+    page.route("**/v1/jobs?*", jobs_down)
+    page.route("**/v1/studies?*", hostile_names)
+    page.goto(f"{base}/")
+    page.wait_for_selector(f'#study-detail[data-study-id="{facts["study_id"]}"]')
+
+    error = page.locator("#error")
+    error.wait_for(state="visible")
+    assert "503" in error.inner_text() and "the job queue is <b>unavailable</b>" in error.inner_text()
+    row = page.locator(f'#studies tr[data-study-id="{facts["study_id"]}"]')
+    assert row.locator("td").nth(1).inner_text() == hostile
+    assert hostile in page.inner_text("#study-title")
+    assert page.locator("img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    assert not page.script_errors
