@@ -83,12 +83,17 @@ def _migration_lock(conn: "Connection") -> Iterator[None]:
 
 def upgrade(engine: "Engine", revision: str = "head") -> str | None:
     """Upgrade to `revision` (a no-op where it is current already); returns the revision now current."""
+    with engine.connect() as conn, _migration_lock(conn):
+        return _upgrade(conn, revision)
+
+
+def _upgrade(conn: "Connection", revision: str) -> str | None:
+    """Upgrade on `conn`, which holds the migration lock."""
     from alembic import command
 
-    with engine.connect() as conn, _migration_lock(conn):
-        command.upgrade(alembic_config(conn), revision)
-        conn.commit()
-        return current_revision(conn)
+    command.upgrade(alembic_config(conn), revision)
+    conn.commit()
+    return current_revision(conn)
 
 
 def downgrade(engine: "Engine", revision: str) -> None:
@@ -101,10 +106,12 @@ def downgrade(engine: "Engine", revision: str) -> None:
 
 def ensure_schema(engine: "Engine", where: str) -> None:
     """Upgrade a database that has none of our schema; accept one at head; otherwise say what to do."""
-    with engine.connect() as conn:
+    # Read and, on an empty database, create under the migration lock: processes opening one new
+    # store together wait on the lock (no timeout), not on SQLite's busy timeout behind the DDL.
+    with engine.connect() as conn, _migration_lock(conn):
         current = current_revision(conn)
-    if current is None:
-        current = upgrade(engine)
+        if current is None:
+            current = _upgrade(conn, "head")
     head = head_revision()
     if current == head:
         return
