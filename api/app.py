@@ -42,7 +42,7 @@ class AppState:
         self._store = None
         self._lock = threading.Lock()
         self.metrics = Metrics(self.store)
-        self.recommend_cache = RecommendCache(ttl_s=settings.recommend_cache_s)
+        self.recommend_cache = RecommendCache(settings.recommend_cache_s, lambda: self.store().best_generation())
         self.heavy = threading.BoundedSemaphore(2)  # estimates and cache misses at once (each builds a model)
 
     def store(self):  # noqa: ANN201 (SqlResultStore; imported lazily)
@@ -63,6 +63,7 @@ class AppState:
 def create_app(db_url: str | None = None, *, settings: Settings | None = None) -> FastAPI:
     """The service over the store at `db_url` (default: settings' database_url)."""
     from api import routes
+    from api.fastpath import RecommendFastPath
     from api.metrics import MetricsMiddleware
     from api.security import BodyLimit
 
@@ -77,12 +78,14 @@ def create_app(db_url: str | None = None, *, settings: Settings | None = None) -
     app = FastAPI(title="advisor", version=f"{VERSION}.0",
                   summary="Training-configuration advisor for PyTorch: estimates, recommendations, tune jobs, results.",
                   description=(__doc__ or "").strip(), lifespan=lifespan,
-                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json",
+                  telemetry={"tracing": False, "metrics": False, "logs": False})  # /metrics is ours
     app.state.settings = settings
     app.state.advisor = state
     app.include_router(routes.router)
     app.include_router(routes.v1)
     _errors(app)
+    app.add_middleware(RecommendFastPath, cache=state.recommend_cache)  # innermost of ours: after the limit
     app.add_middleware(BodyLimit, limit=settings.api_max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

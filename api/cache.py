@@ -2,8 +2,9 @@
 
 A recommendation is computed from the store's best configurations (measured or transferred) and
 the estimator; computing one builds the workload's model. The cache keys on the request's
-canonical JSON and remembers the store's best-generation it was computed under; the generation
-is read again at most every `ttl_s` seconds, so a newly stored best shows within that time.
+canonical JSON and remembers the store's best-generation it was computed under. The generation is
+read again once `ttl_s` has passed, by one request at a time in a worker thread (the others keep
+answering from what is cached meanwhile), so a newly stored best shows within about `ttl_s`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
+from fastapi.concurrency import run_in_threadpool
+
 MAX_ENTRIES = 1024
 
 
@@ -22,34 +25,51 @@ def cache_key(body: dict[str, Any]) -> str:
 
 
 class RecommendCache:
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, read_generation: Callable[[], Any]) -> None:
         self.ttl_s = ttl_s
+        self.read_generation = read_generation
         self._entries: OrderedDict[str, tuple[Any, bytes]] = OrderedDict()
         self._generation: Any = None
         self._checked = float("-inf")
+        self._refreshing = False
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
 
-    def generation_due(self) -> bool:
-        return time.monotonic() - self._checked >= self.ttl_s
+    @property
+    def enabled(self) -> bool:
+        return self.ttl_s > 0
 
-    def set_generation(self, generation: Any) -> None:
+    def current(self) -> Any:
+        """The store's best-generation as last read."""
+        return self._generation
+
+    async def generation(self) -> Any:
+        """The generation, re-read first if `ttl_s` has passed and no other request is re-reading it."""
+        if not self._claim_refresh():
+            return self._generation
+        try:
+            generation = await run_in_threadpool(self.read_generation)
+            with self._lock:
+                if generation != self._generation:
+                    self._entries.clear()
+                self._generation = generation
+                self._checked = time.monotonic()
+        finally:
+            self._refreshing = False
+        return self._generation
+
+    def _claim_refresh(self) -> bool:
         with self._lock:
-            if generation != self._generation:
-                self._entries.clear()
-            self._generation = generation
-            self._checked = time.monotonic()
+            if self._refreshing or time.monotonic() - self._checked < self.ttl_s:
+                return False
+            self._refreshing = True
+            return True
 
-    def get(self, key: str) -> bytes | None:
-        if self.ttl_s <= 0:
-            return None
+    def get(self, key: str, generation: Any) -> bytes | None:
         with self._lock:
             found = self._entries.get(key)
-            if found is None or found[0] != self._generation:
-                self.misses += 1
+            if found is None or found[0] != generation:
                 return None
             self._entries.move_to_end(key)
-            self.hits += 1
             return found[1]
 
     def put(self, key: str, generation: Any, body: bytes) -> None:
@@ -60,9 +80,3 @@ class RecommendCache:
             self._entries.move_to_end(key)
             while len(self._entries) > MAX_ENTRIES:
                 self._entries.popitem(last=False)
-
-    def refresh(self, read_generation: Callable[[], Any]) -> Any:
-        """The current generation, read from the store if the last read is older than ttl_s."""
-        if self.generation_due():
-            self.set_generation(read_generation())
-        return self._generation

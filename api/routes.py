@@ -117,12 +117,12 @@ async def recommend(body: RecommendRequest, request: Request) -> Response:
     state = _state(request)
     check_workload(body.workload, state.settings)
     cache = state.recommend_cache
+    if not cache.enabled:
+        return Response(await run_in_threadpool(_recommend_bytes, state, body), media_type="application/json")
     key = cache_key(body.model_dump(mode="json"))
-    if cache.generation_due():
-        await run_in_threadpool(cache.refresh, lambda: state.store().best_generation())
-    hit = cache.get(key)
+    generation = await cache.generation()
+    hit = cache.get(key, generation)
     if hit is None:
-        generation = cache.refresh(lambda: state.store().best_generation())
         hit = await run_in_threadpool(_recommend_bytes, state, body)
         cache.put(key, generation, hit)
     return Response(hit, media_type="application/json")

@@ -59,6 +59,7 @@ def main() -> int:
         parts.append(CALIBRATION.read_text())
     parts.append(_section(RESULTS / "trials.md", "Measured trials"))  # bench/trial_bench.py
     parts.append(_tuner())
+    parts.append(_section(RESULTS / "api_load.md", "HTTP API under load"))  # bench/api_load.py
     (ROOT / "BENCHMARKS.md").write_text("\n".join(parts))
     print(ROOT / "BENCHMARKS.md")
     return 0

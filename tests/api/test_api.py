@@ -105,6 +105,10 @@ def test_recommend_measured_then_estimated_with_prices_and_cache(seeded, make_cl
     time.sleep(0.3)
     again = {r["hardware"]: r for r in c.post("/v1/recommend", json=body).json()["recommendations"]}
     assert again["cpu"]["source_trial_id"] == rec.id and again["cpu"]["config"]["batch_size"] == 64
+    # answers served from the cache in front of the app are counted under the route like the rest
+    answers = {c.post("/v1/recommend", json=body).content for _ in range(3)}
+    assert len(answers) == 1 and b'"source_trial_id":%d' % rec.id in answers.pop()
+    assert 'advisor_http_requests_total{method="POST",route="/v1/recommend",status="200"} 5.0' in c.get("/metrics").text
 
 
 def test_token_guards_changes(seeded, make_client):
