@@ -8,8 +8,6 @@ import multiprocessing as mp
 import os
 import time
 
-import pytest
-
 JOB = {"workload": "tiny-mlp", "hardware": "cpu", "space": "tiny", "min_time_s": 0.3, "trial_timeout_s": 120}
 
 
