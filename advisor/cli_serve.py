@@ -37,15 +37,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from advisor.settings import get_settings
 
+    url = _url(args.db)
+    os.environ["ADVISOR_DATABASE_URL"] = url  # create_app (here or in uvicorn's workers) reads the environment
+    get_settings.cache_clear()
     settings = get_settings()
     host = args.host or settings.api_host
     port = settings.api_port if args.port is None else args.port
     if not 0 < port < 65536:
         raise SpecError(f"--port {port} is not allowed; give 1 to 65535")
-    url = _url(args.db)
-    os.environ["ADVISOR_DATABASE_URL"] = url  # create_app (here or in uvicorn's workers) reads the environment
-    get_settings.cache_clear()
-    settings = get_settings()
     _check_store(url)
     if host not in ("127.0.0.1", "::1", "localhost") and settings.api_token is None:
         log.warning("serving on %s without ADVISOR_API_TOKEN: tune jobs and cancels are refused (403)", host)

@@ -21,8 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from advisor.errors import AdvisorError, SpecError
@@ -62,10 +61,9 @@ def validate_job(body: "TuneJobRequest") -> None:
     except ValueError as exc:
         raise SpecError(str(exc).splitlines()[-1].strip()) from None
     _prepare(req)
-    slots = len(device_slots())
-    if devices_needed(body.hardware) > slots:
-        raise SpecError(f"hardware {body.hardware!r} needs {devices_needed(body.hardware)} devices; this service's "
-                        f"worker has {slots}")
+    needed, slots = devices_needed(body.hardware), len(device_slots())
+    if needed > slots:
+        raise SpecError(f"hardware {body.hardware!r} needs {needed} devices; this service's worker has {slots}")
 
 
 def devices_needed(hardware: str) -> int:
@@ -168,7 +166,6 @@ class _Running:
     proc: subprocess.Popen
     slots: list[str]
     stopping_since: float | None = None
-    log: Path | None = field(default=None)
 
 
 class JobWorker:
@@ -239,7 +236,7 @@ class JobWorker:
             proc = subprocess.Popen([sys.executable, "-m", "api.jobs", job.id, "--db", self.db], env=env,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=_die_with_parent)
-        self.running[job.id] = _Running(job=job, proc=proc, slots=slots, log=path)
+        self.running[job.id] = _Running(job=job, proc=proc, slots=slots)
         log.info("job %s: started (pid %d, slots %s, attempt %d)", job.id, proc.pid, ",".join(slots), job.attempts)
 
     def _reap(self) -> None:

@@ -13,15 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.recommend import Recommendation
+from advisor.store.records import JOB_STATUSES
 
 T = TypeVar("T")
 MAX_ARGS = 32  # workload_args entries
 MAX_CANDIDATES = 16  # hardware candidates in one recommend
 MAX_PAGE = 500  # rows in one page
 
-JobStatus = Literal["queued", "running", "cancelling", "cancelled", "finished", "failed"]
-JOB_STATUSES: tuple[str, ...] = ("queued", "running", "cancelling", "cancelled", "finished", "failed")
-JOB_DONE = ("cancelled", "finished", "failed")
+JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]  # the store's, one list
 
 
 class _In(BaseModel):
