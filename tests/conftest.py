@@ -22,6 +22,22 @@ os.environ["ADVISOR_DATA_DIR"] = _DATA_DIR
 def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ARG001 - pytest's hook
     shutil.rmtree(_DATA_DIR, ignore_errors=True)
 
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test():
+    """A multiprocessing child left running by a test (one that failed and stranded the rest at a
+    barrier, say) is killed here and the test errors: otherwise the interpreter waits for it at exit
+    and the whole run hangs."""
+    import multiprocessing as mp
+
+    yield
+    left = mp.active_children()
+    for p in left:
+        p.kill()
+        p.join(10)
+    if left:
+        pytest.fail(f"the test left {len(left)} child process(es) running: {[p.name for p in left]}; killed")
+
 PG_ENV = "ADVISOR_TEST_POSTGRES_URL"
 
 

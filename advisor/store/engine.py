@@ -58,11 +58,30 @@ def make_engine(url: str, *, busy_timeout_s: float | None = None) -> "Engine":
     def _pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 (DBAPI objects)
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")  # ms
-        cur.execute("PRAGMA journal_mode = WAL")  # readers do not block the writer, nor it them
+        _use_wal(cur, busy_timeout_s)  # readers do not block the writer, nor it them
         cur.execute("PRAGMA foreign_keys = ON")
         cur.close()
 
     return engine
+
+
+def _use_wal(cur, timeout_s: float) -> None:  # noqa: ANN001 (a DBAPI cursor)
+    """Switch the file to WAL (a setting the file keeps). The switch needs the file to itself and
+    SQLite answers "database is locked" at once, without its busy handler, while another connection
+    holds it (several processes opening a new store together): retry until the busy timeout."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _sqlite_message(where: str, text: str) -> str | None:

@@ -81,6 +81,22 @@ def _migration_lock(conn: "Connection") -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def schema_lock(url: str) -> Iterator[None]:
+    """The migration lock, for another schema in the same database: Optuna's RDB storage creates its
+    tables and enum types when first opened, and two tuners opening one new PostgreSQL study together
+    would otherwise both run `CREATE TYPE` (the second fails)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn, _migration_lock(conn):
+            yield
+    finally:
+        engine.dispose()
+
+
 def upgrade(engine: "Engine", revision: str = "head") -> str | None:
     """Upgrade to `revision` (a no-op where it is current already); returns the revision now current."""
     with engine.connect() as conn, _migration_lock(conn):

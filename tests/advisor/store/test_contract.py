@@ -53,7 +53,7 @@ def test_claim_finish_and_no_second_claim(store):
 
 def _claim_all(url: str, configs: list, study_id: int, barrier, queue) -> None:
     with open_store(url) as s:  # its own engine and connections
-        barrier.wait()
+        barrier.wait(timeout=60)
         won = [c.batch_size for c in configs if s.claim_trial(study_id, c) is not None]
     queue.put((os.getpid(), won))
 
@@ -121,6 +121,18 @@ def test_reuse_finds_measured_configs_across_studies_only_on_same_keys(store):
     assert store.find_measured(b.workload_fp, other_hw.hardware_fp, b.software_fp, config_hash(config(4))) is None
     store.claim_trial(b.id, config(32))
     assert store.find_measured(b.workload_fp, b.hardware_fp, b.software_fp, config_hash(config(32))) is None
+
+
+def test_a_timeout_is_reused_only_by_a_study_that_would_not_wait_longer(store):
+    a = store.create_or_get_study(spec("a"))
+    slow = config(64)
+    timed_out = result(slow, TrialStatus.timeout).model_copy(update={"wall_s": 300.5})
+    store.finish_trial(store.claim_trial(a.id, slow), timed_out)
+    b = store.create_or_get_study(spec("b"))
+    key = (b.workload_fp, b.hardware_fp, b.software_fp, config_hash(slow))
+    assert store.find_measured(*key) is None  # callers that do not say their timeout rerun it
+    assert store.find_measured(*key, timeout_s=300.0).status == "timeout"  # it would time out again
+    assert store.find_measured(*key, timeout_s=600.0) is None  # a longer limit might see it finish
 
 
 def _fill(store) -> dict[str, int]:

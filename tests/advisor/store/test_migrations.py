@@ -111,26 +111,55 @@ def test_our_store_first_then_optuna(db_url):
         assert store.get_study(study.id).name == "study-a"
 
 
+def _together(target, args: list[tuple]) -> list[int | None]:
+    """Run `target(*a, barrier)` in one forked process per `a`, all released at once by a shared
+    barrier; their exit codes. None outlives this call, even where one fails and strands the rest."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(len(args))
+    procs = [ctx.Process(target=target, args=(*a, barrier)) for a in args]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [p.exitcode for p in procs]
+
+
 def _open_and_create(url: str, name: str, barrier) -> None:
-    barrier.wait()
+    barrier.wait(timeout=60)
     with open_store(url) as store:
         store.create_or_get_study(spec(name))
 
 
 def test_processes_opening_an_empty_database_together_all_succeed(db_url):
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    barrier = ctx.Barrier(3)
-    procs = [ctx.Process(target=_open_and_create, args=(db_url, f"s{i}", barrier)) for i in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert _together(_open_and_create, [(db_url, f"s{i}") for i in range(3)]) == [0, 0, 0]
     assert schema_diff(db_url) == []
     with open_store(db_url) as store:
         assert all(store.get_study(f"s{i}") is not None for i in range(3))
+
+
+def _open_both(url: str, barrier) -> None:
+    import optuna
+
+    from advisor.tune.driver import _optuna_storage
+
+    barrier.wait(timeout=60)
+    with open_store(url) as store:
+        name = store.create_or_get_study(spec()).optuna_study_name
+    barrier.wait(timeout=60)  # every process reaches Optuna's first open together, as tuners started together do
+    optuna.create_study(storage=_optuna_storage(resolve_url(url)), study_name=name, load_if_exists=True)
+
+
+def test_tuners_opening_optuna_storage_on_a_new_database_together_all_succeed(db_url):
+    assert _together(_open_both, [(db_url,)] * 4) == [0, 0, 0, 0]
+    assert {"studies", "trials", "alembic_version"} <= tables(db_url)
 
 
 def test_a_store_of_the_previous_revision_is_refused_then_upgraded_with_its_data(db_url):
