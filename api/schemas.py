@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.recommend import Recommendation
 from advisor.store.records import JOB_STATUSES
+from advisor.tune.request import Sampler
 
 T = TypeVar("T")
 MAX_ARGS = 32  # workload_args entries
@@ -101,7 +102,7 @@ class TuneJobRequest(WorkloadRef):
     fixes: dict[str, Any] = Field(default_factory=dict, description="Knobs held at one value.", examples=[{"precision": "bf16"}])
     objective: Literal["throughput", "throughput,memory"] = "throughput"
     global_batch_size: int | None = Field(default=None, gt=0)
-    sampler: Literal["tpe", "random", "nsga2", "brute-force"] | None = None
+    sampler: Sampler | None = None
     trials: int = Field(default=20, gt=0, le=1000, description="Distinct configurations in the study, baseline included.")
     time_budget_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     patience: int | None = Field(default=None, gt=0)

@@ -25,6 +25,10 @@ class SpaceContext(BaseModel):
     global_batch_size: int | None = Field(
         default=None, gt=0,
         description="Samples per optimizer step over all processes; grad_accum is derived to keep it (samples).")
+    fast_bf16: bool | None = Field(
+        default=None, description="bf16 runs faster than fp32 here: bf16 math units (CUDA tensor cores; AMX or "
+        "AVX512-BF16 on x86; BF16 on Arm). None: CUDA devices that support bf16, and this machine's CPU by its "
+        "flags; a catalog CPU (not this one) is taken to have none.")
 
     @model_validator(mode="after")
     def _check(self) -> "SpaceContext":
@@ -51,7 +55,18 @@ class SpaceContext(BaseModel):
         acc = self.hardware.accelerator
         return {
             "device": self.device, "device_count": self.device_count, "supports_bf16": acc.supports_bf16,
+            "fast_bf16": self.fast_bf16 if self.fast_bf16 is not None else _fast_bf16(self.hardware),
             "supports_fp16": acc.supports_fp16, "supports_tf32": acc.supports_tf32, "conv_net": self.conv_net,
             "cpu_cores": self.hardware.cpu_cores, "numa_nodes": self.hardware.numa_nodes,
             "default_batch_size": self.default_batch_size, "global_batch_size": self.global_batch_size,
         }
+
+
+def _fast_bf16(hw: HardwareSpec) -> bool:
+    if not hw.accelerator.supports_bf16:
+        return False
+    if hw.device_type == "cuda":
+        return True  # every catalog GPU that supports bf16 has tensor cores for it
+    from advisor.hardware.sysinfo import cpu_has_bf16_units
+
+    return hw.is_local and cpu_has_bf16_units()

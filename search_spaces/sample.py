@@ -95,10 +95,14 @@ def _domain_values(space: SearchSpace, knob: str, context: SpaceContext, facts: 
 
 
 def _restrict(res: Resolved, space: SearchSpace, context: SpaceContext, facts: Mapping[str, Any]) -> Resolved:
-    """Drop the values the target excludes (value conditions) and, with a global batch, the batch
-    sizes that do not divide it. A range that loses values becomes a list of choices."""
+    """Drop the values the target excludes (value conditions; advisory ones only from a searched
+    knob) and, with a global batch, the batch sizes that do not divide it. A range that loses
+    values becomes a list of choices."""
     excluded: dict[Scalar, str] = {}
+    fixed = isinstance(space.domain(res.knob), Fixed)
     for cond in space.conditions:
+        if cond.advisory and fixed:
+            continue  # the user chose this value; an advisory condition only steers the search
         if cond.knob == res.knob and cond.values is not None and not holds(cond, facts):
             for value in cond.normalized_values():
                 excluded.setdefault(value, cond.why or f"needs {cond.when}")

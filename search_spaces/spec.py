@@ -28,7 +28,7 @@ DERIVED = ("nproc",)  # set from strategy and the device count, never searched
 KNOBS: tuple[str, ...] = tuple(k for k in ORDER if k not in DERIVED)
 # Facts about the target a condition may test (SpaceContext.facts()).
 FACTS: tuple[str, ...] = (
-    "device", "device_count", "supports_bf16", "supports_fp16", "supports_tf32", "conv_net", "cpu_cores",
+    "device", "device_count", "supports_bf16", "fast_bf16", "supports_fp16", "supports_tf32", "conv_net", "cpu_cores",
     "numa_nodes", "default_batch_size", "global_batch_size",
 )
 INT_KNOBS = ("batch_size", "grad_accum", "num_workers", "prefetch_factor", "threads")
@@ -209,6 +209,8 @@ class Condition(BaseModel):
     when: dict[str, Any] = Field(min_length=1)
     why: str = Field(default="", description="One line shown when the condition excludes a value.")
     otherwise: Scalar = None
+    advisory: bool = Field(default=False, description="A preference, not a limit of the target: it keeps values "
+                           "out of a searched knob, never out of a fixed one (--fix or `fixed:`).")
 
     @model_validator(mode="after")
     def _check(self) -> "Condition":
@@ -227,6 +229,8 @@ class Condition(BaseModel):
                                  f"{', '.join(knobs_tested)}; drop `values` to make the whole knob conditional")
             if "otherwise" in self.model_fields_set:
                 raise ValueError("`otherwise` belongs to a condition without `values`")
+        elif self.advisory:
+            raise ValueError("`advisory` belongs to a condition with `values`")
         late = [n for n in knobs_tested if ORDER.index(n) >= ORDER.index(self.knob)]
         if late:
             raise ValueError(f"{self.knob} is decided before {', '.join(late)}, so it cannot depend on it; "

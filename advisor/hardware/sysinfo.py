@@ -7,6 +7,7 @@ Every reader takes its root path as an argument (default: the real one) and rais
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -33,6 +34,8 @@ class CpuInfo(BaseModel):
     logical_cores: int = Field(gt=0, description="Logical CPUs (hardware threads), os.cpu_count().")
     physical_cores: int = Field(gt=0, description="Distinct (package, core) pairs from sysfs topology.")
     usable_cores: int = Field(gt=0, description="CPUs this process may run on (sched_getaffinity).")
+    bf16_units: bool = Field(default=False, description="bf16 math instructions (AMX-BF16 or AVX512-BF16 on x86, "
+                             "BF16 on Arm): without them bf16 is emulated, slower than fp32.")
 
 
 class NumaNode(BaseModel):
@@ -106,6 +109,25 @@ def cpu_model_name(proc: Path = PROC) -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+# /proc/cpuinfo flags (x86 "flags", Arm "Features") that give bf16 matrix math.
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_flags(proc: Path = PROC) -> frozenset[str]:
+    """The first CPU's feature flags from /proc/cpuinfo (x86 'flags', Arm 'Features'); empty if none."""
+    for line in _read(proc / "cpuinfo").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_bf16_units() -> bool:
+    """Whether this machine's CPU has bf16 math instructions (cached: the flags do not change)."""
+    return bool(BF16_FLAGS & cpu_flags())
+
+
 def physical_core_count(sys_root: Path = SYS) -> int | None:
     """Distinct (physical_package_id, core_id) pairs over the online CPUs; None without sysfs topology."""
     cpu_dir = sys_root / "devices" / "system" / "cpu"
@@ -133,6 +155,7 @@ def cpu_info(proc: Path = PROC, sys_root: Path = SYS) -> CpuInfo:
         # Without sysfs topology, assume no SMT rather than guess a ratio.
         physical_cores=physical_core_count(sys_root) or logical,
         usable_cores=len(os.sched_getaffinity(0)),
+        bf16_units=bool(BF16_FLAGS & cpu_flags(proc)),
     )
 
 

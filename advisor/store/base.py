@@ -103,11 +103,15 @@ class ResultStore(abc.ABC):
     def study_trials(self, study_id: int) -> list[TrialRecord]:
         return self.query_trials(TrialQuery(study=study_id))
 
-    def find_measured(self, workload_fp: str, hardware_fp: str, software_fp: str, config_hash: str) -> TrialRecord | None:
-        """The latest ok/oom trial of this configuration on this workload, hardware and software, in any study."""
+    def find_measured(self, workload_fp: str, hardware_fp: str, software_fp: str, config_hash: str,
+                      timeout_s: float | None = None) -> TrialRecord | None:
+        """The latest ok/oom trial of this configuration on this workload, hardware and software, in any
+        study; with `timeout_s`, also a timeout that ran at least that long (so would time out again)."""
+        statuses = MEASURED + ((RecordStatus.timeout,) if timeout_s is not None else ())
         found = self.query_trials(TrialQuery(workload=workload_fp, hardware=hardware_fp, software_fp=software_fp,
-                                             config_hash=config_hash, status=MEASURED, sort="-finished_at", limit=1))
-        return found[0] if found else None
+                                             config_hash=config_hash, status=statuses, sort="-finished_at", limit=20))
+        return next((r for r in found if r.status != RecordStatus.timeout or
+                     (timeout_s is not None and r.result is not None and r.result.wall_s >= timeout_s)), None)
 
     def retries_due(self, study_id: int) -> list[TrialRecord]:
         """Interrupted trials whose configuration may run once more (its last attempt, with attempts left)."""

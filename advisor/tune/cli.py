@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from advisor.tune.request import SAMPLERS
+
 
 def add_parser(sub: argparse._SubParsersAction, add_workload_args, positive_int) -> None:  # noqa: ANN001
     p = sub.add_parser("tune", help="search the knobs with measured trials (Optuna through Ray Tune); resumable")
@@ -20,8 +22,9 @@ def add_parser(sub: argparse._SubParsersAction, add_workload_args, positive_int)
                    help="maximize samples/s (tokens/s), or a throughput-memory Pareto front (NSGA-II)")
     p.add_argument("--global-batch-size", type=positive_int, default=None,
                    help="samples per optimizer step to keep fixed (gradient accumulation makes up the rest)")
-    p.add_argument("--sampler", choices=["tpe", "random", "nsga2", "brute-force"], default=None,
-                   help="Optuna sampler (default: tpe; nsga2 for two objectives; brute-force for 'exhaustive')")
+    p.add_argument("--sampler", choices=SAMPLERS, default=None,
+                   help="default: tpe (each knob screened against the baseline, the winners combined, then Optuna's "
+                        "TPE); tpe-plain: TPE alone; nsga2 for two objectives; brute-force for 'exhaustive'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--study", default=None, help="study name (default: derived from the arguments, so a rerun resumes)")
     p.add_argument("--db", default=None, help="database URL (default: SQLite in the data dir; ADVISOR_DATABASE_URL)")

@@ -33,30 +33,81 @@ def _objective(req: TuneRequest, tokens: bool) -> Objective:
     return Objective(metrics=metrics)
 
 
-def _sampler(req: TuneRequest):
+def _quiet_optuna() -> None:
     import warnings
 
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress bar says what Optuna's log would
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def _sampler(req: TuneRequest):
+    import optuna
+
     name = req.resolved_sampler()
+    if name == "tpe":  # the screen spends all but the combination's trial at most; TPE has the rest
+        from advisor.tune.screening import ScreeningSampler
+
+        return ScreeningSampler(_tpe(req), max_screens=req.trials - 2)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=req.seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=req.seed)
     if name == "brute-force":
         return optuna.samplers.BruteForceSampler(seed=req.seed)
-    # Random draws before TPE models the space: Optuna's 10 is most of a small budget; keep a quarter.
+    return _tpe(req)
+
+
+def _tpe(req: TuneRequest):
+    import optuna
+
+    # Random draws before TPE models the space: Optuna's 10 is most of a small budget; keep a quarter
+    # (the screen's trials, where it runs first, count towards them).
     return optuna.samplers.TPESampler(seed=req.seed, n_startup_trials=min(5, max(2, req.trials // 4)))
+
+
+def _seed_reference(storage, store, space, context, ctx: StudyContext, study, base: TrainingConfig) -> None:
+    """The measured baseline into the Optuna study as a finished trial: every sampler learns from it,
+    the screen starts from it, brute force does not draw it again. Skipped when the baseline is
+    not a point of the space (a fixed knob excludes it) or has no finished measurement."""
+    import warnings
+
+    import optuna
+
+    from advisor.store import config_hash
+    from advisor.store.records import TrialQuery
+    from advisor.tune.screening import add_reference, contains
+    from advisor.tune.trainable import metrics_of
+    from search_spaces import suggest
+    from search_spaces.spec import KNOBS
+
+    found = store.query_trials(TrialQuery(study=study.id, config_hash=config_hash(base), sort="-attempt", limit=1))
+    if not found or found[0].status in (RecordStatus.running, RecordStatus.interrupted):
+        return
+    fixed = optuna.trial.FixedTrial({k: v for k, v in base.model_dump(mode="json").items() if k in KNOBS})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FixedTrial warns of a value outside the space; checked below
+        config = suggest(space, fixed, context)
+    if config is None or config_hash(config) != config_hash(base) or \
+            not all(contains(d, fixed.params[k]) for k, d in fixed.distributions.items()):
+        return
+    metrics = metrics_of(found[0], ctx, reused=True)
+    values = [metrics["objective"]] + ([metrics["memory"]] if len(ctx.objective.metrics) > 1 else [])
+    ot_study = optuna.create_study(storage=storage, study_name=study.optuna_study_name, load_if_exists=True,
+                                   directions=[m.direction for m in ctx.objective.metrics])
+    add_reference(ot_study, fixed.params, fixed.distributions, values)
 
 
 def _optuna_storage(url: str):
     """Optuna's RDB storage in our database; trials a killed run left RUNNING become FAIL."""
     import optuna
 
+    from advisor.store.migrate import schema_lock
+
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    with schema_lock(url):  # its first open creates tables and types: one process at a time
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 
 def _fail_stale(storage, study_name: str) -> int:
@@ -126,11 +177,19 @@ class _Budget:
         return self.reason is not None
 
 
-def _ray_init(req: TuneRequest) -> bool:
-    """Start a local Ray (temp dir under the data dir) or join --ray-address; True if we started it."""
+def _ray_env() -> None:
+    """Ray's settings read from the environment, set before Ray Tune is first imported."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the new output prints a banner even at verbose=0
+    # Tune warns when handling one result takes over 0.5 s; ours (the store, Optuna's tell) can,
+    # next to trials that take seconds to minutes, so the warning would only be noise.
+    os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "30")
+
+
+def _ray_init(req: TuneRequest) -> bool:
+    """Start a local Ray (temp dir under the data dir) or join --ray-address; True if we started it."""
+    _ray_env()
     import ray
 
     from advisor.settings import get_settings
@@ -227,15 +286,19 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     remaining = max(0, req.trials - len(done))
     stats = {"interrupted": interrupted, "retried": len(retries), "resumed_from": len(done)}
     if remaining:
-        stats.update(_search(req, hw, space, context, ctx, study, queued, remaining, on_result))
+        stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result))
     store.finish_study(study.id)
     return summarize_study(store, study.id, base, ctx, stats, time.monotonic() - t0)
 
 
-def _search(req, hw, space, context, ctx: StudyContext, study, queued, remaining, on_result) -> dict[str, Any]:
+def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining, on_result) -> dict[str, Any]:
     """Ray Tune experiments: the queued configurations (baseline, retries) as a fixed list, then
-    OptunaSearch over the space, one Ray trial per suggestion, until the budget is spent."""
+    OptunaSearch over the space, one Ray trial per suggestion, until the budget is spent.
+    `target` is (space, context, baseline)."""
+    _ray_env()
     from advisor.tune.ray_hooks import ProgressCallback
+
+    space, context, base = target
 
     started = _ray_init(req)
     budget = _Budget(remaining, req.patience)
@@ -246,8 +309,12 @@ def _search(req, hw, space, context, ctx: StudyContext, study, queued, remaining
             _fit(req, hw, ctx, f"{_safe(study.name)}-queued", budget, callback,
                  param_space={"training_config": _grid([c.model_dump_json() for c in queued])})
         if not budget.done():
+            _quiet_optuna()
+            storage = _optuna_storage(ctx.db_url)
+            _fail_stale(storage, study.optuna_study_name)
+            _seed_reference(storage, store, space, context, ctx, study, base)
             _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=_optuna_search(req, space, context,
-                 ctx, study), num_samples=max(1, remaining - len(budget.seen)) * DUPLICATE_FACTOR)
+                 ctx, study, storage), num_samples=max(1, remaining - len(budget.seen)) * DUPLICATE_FACTOR)
         return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
                 "ray_trials": callback.count, "trial_s": budget.trial_s, "measured": len(budget.seen)}
     finally:
@@ -264,11 +331,9 @@ def _grid(values: list[str]):
     return tune.grid_search(values)
 
 
-def _optuna_search(req: TuneRequest, space, context, ctx: StudyContext, study):
+def _optuna_search(req: TuneRequest, space, context, ctx: StudyContext, study, storage):
     from ray.tune.search.optuna import OptunaSearch
 
-    storage = _optuna_storage(ctx.db_url)
-    _fail_stale(storage, study.optuna_study_name)
     multi = len(ctx.objective.metrics) > 1
     return OptunaSearch(space=DefineByRun(space, context, ctx.owner), metric=["objective", "memory"] if multi else "objective",
                         mode=["max", "min"] if multi else "max", sampler=_sampler(req),

@@ -10,13 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from probes.config import TrialBudget
 
-Sampler = Literal["tpe", "random", "nsga2", "brute-force"]
+# tpe: screen each knob against the baseline, combine the winners, then TPE (advisor/tune/screening.py);
+# tpe-plain: Optuna's TPE alone.
+Sampler = Literal["tpe", "tpe-plain", "random", "nsga2", "brute-force"]
+SAMPLERS: tuple[str, ...] = get_args(Sampler)
 
 
 class TuneRequest(BaseModel):

@@ -119,7 +119,8 @@ def evaluate(ctx: StudyContext, config_json: str | None) -> dict[str, Any]:
         rec = _wait_for(store, ctx, key)
         # a repeat within the study: not a new configuration, so the budget must not count it
         return {**metrics_of(rec, ctx, reused=True), "duplicate": True} if rec else _nothing(ctx, "error")
-    prev = None if ctx.request.remeasure else store.find_measured(ctx.workload_fp, ctx.hardware_fp, ctx.software_fp, key)
+    prev = None if ctx.request.remeasure else store.find_measured(ctx.workload_fp, ctx.hardware_fp, ctx.software_fp, key,
+                                                                  timeout_s=ctx.request.trial_budget.timeout_s)
     try:
         if prev is not None and prev.result is not None:
             rec = store.finish_trial(claim, prev.result, estimate=prev.estimate)

@@ -19,6 +19,8 @@ from advisor.hardware import CATALOG, get_hardware, hardware_from_probe, list_ha
 from advisor.hardware.catalog import catalog_key_for_gpu
 from advisor.hardware.probe import format_topology, visible_gpu_indices
 from advisor.hardware.sysinfo import (
+    cpu_flags,
+    cpu_has_bf16_units,
     format_cpulist,
     host_memory_bytes,
     local_cpulist_for_pci,
@@ -167,6 +169,18 @@ def test_cpu_spec_describes_this_machine() -> None:
     # Equal to MemTotal unless a cgroup limit caps it.
     assert 0 < spec.host_memory_bytes <= total
     assert spec.memory_per_device_bytes == spec.host_memory_bytes == spec.accelerator.memory_bytes
+
+
+def test_bf16_units_come_from_the_cpu_flags(tmp_path: Path) -> None:
+    has_units = bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+    assert probe_local().cpu.bf16_units == cpu_has_bf16_units() == has_units  # this machine's own flags
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n\nprocessor\t: 1\n")
+    assert {"avx512_bf16", "amx_tile"} <= cpu_flags(tmp_path)  # x86
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\nCPU implementer\t: 0x41\n")
+    assert "bf16" in cpu_flags(tmp_path)  # Arm
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    assert not cpu_flags(tmp_path) & {"avx512_bf16", "amx_bf16", "bf16"}
 
 
 def test_local_without_visible_gpus_is_this_cpu() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from advisor.errors import SpecError
 from advisor.hardware import get_hardware
-from search_spaces import SpaceContext, baseline, get_space, grid, load_space
+from search_spaces import SpaceContext, apply_fixes, baseline, get_space, grid, load_space
 from search_spaces.sample import Plan
 
 from space_checks import violations
@@ -40,12 +40,38 @@ def test_the_8_gpu_default_grid_uses_what_the_gpus_allow(gpu_ctx):
 
 def test_the_cpu_default_grid_drops_cuda_only_values(cpu_ctx):
     configs = grid(get_space("default"), cpu_ctx)
-    assert {c.precision.value for c in configs} == {"fp32", "bf16"}
+    # the nominal CPU has no bf16 units: bf16 would run emulated, slower than fp32, so not searched
+    assert {c.precision.value for c in configs} == {"fp32"}
     assert {c.compile_mode.value for c in configs} == {"none", "default"}
     assert {c.strategy.value for c in configs} == {"single"}
-    # 7 batches x (1 + 3 worker counts x 2 prefetch) x 2 precisions x 2 compile x 2 impl
+    # 7 batches x (1 + 3 worker counts x 2 prefetch) x 1 precision x 2 compile x 2 impl
     # x fused_backward (2 unless fp16: always 2 here) x 2 checkpointing
-    assert len(configs) == 7 * 7 * 2 * 2 * 2 * 2 * 2
+    assert len(configs) == 7 * 7 * 1 * 2 * 2 * 2 * 2
+
+
+def test_fast_bf16_by_target():
+    from advisor.hardware.sysinfo import cpu_has_bf16_units
+
+    def fast(spec: str) -> bool:
+        hw = get_hardware(spec)
+        return SpaceContext(hardware=hw, device_count=hw.devices_per_node, default_batch_size=8).facts()["fast_bf16"]
+
+    assert fast("h100-sxm") and fast("a100-80gb:2") and not fast("v100")  # tensor cores for bf16, or no bf16
+    assert not fast("cpu:1")  # the nominal AVX2 socket: bf16 runs there, emulated
+    assert fast("cpu") == cpu_has_bf16_units()  # this machine's CPU, by its flags
+
+
+def test_bf16_is_searched_on_a_cpu_with_bf16_units(cpu):
+    ctx = SpaceContext(hardware=cpu, device_count=1, default_batch_size=8, fast_bf16=True)  # e.g. AMX
+    for space in ("quick", "default"):
+        assert {c.precision.value for c in grid(get_space(space), ctx)} == {"fp32", "bf16"}
+    # without units it is advisory: a user who fixes bf16 gets it
+    fixed = grid(apply_fixes(get_space("default"), {"precision": "bf16"}), SpaceContext(
+        hardware=cpu, device_count=1, default_batch_size=8))
+    assert fixed and {c.precision.value for c in fixed} == {"bf16"}
+    # the exhaustive space tries bf16 wherever it runs at all, units or not
+    plain = SpaceContext(hardware=cpu, device_count=1, default_batch_size=8)
+    assert "bf16" in Plan(get_space("exhaustive"), plain).domain("precision").values
 
 
 def test_exact_tiny_grids(cpu_ctx, gpu_ctx):

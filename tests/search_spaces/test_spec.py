@@ -57,6 +57,8 @@ def _write(tmp_path: Path, text: str) -> str:
      "allowed: single, ddp, zero1, zero2, zero3"),
     ("name: x\nconditions:\n  - {knob: precision, when: {device: gpu}}\n", "conditions.0", "allowed: cpu, cuda"),
     ("name: x\nknobs:\n  batch_size: {choices: [true]}\n", "batch_size", "an integer >= 1"),
+    ("name: x\nconditions:\n  - {knob: compile_mode, when: {device: cuda}, advisory: true}\n", "conditions.0",
+     "`advisory` belongs to a condition with `values`"),
 ])
 def test_a_bad_space_names_the_field_and_what_is_allowed(tmp_path, text, field, allowed):
     with pytest.raises(SpecError) as info:

@@ -65,15 +65,30 @@ def test_tune_measures_stores_and_resumes(data_dir):
     assert len(records) == 3 and len({r.config_hash for r in records}) == 3
     import optuna  # the sampler's study lives in the same database
 
-    study = optuna.load_study(study_name=first["study_name"], storage=db)
-    # the baseline runs before the sampler (outside Optuna); the other two are Optuna's
-    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 2
+    def screens():
+        study = optuna.load_study(study_name=first["study_name"], storage=db)
+        return study, [t.params for t in study.trials if t.system_attrs.get("advisor_screen")]
+
+    # the baseline runs first, outside Optuna, and enters Optuna's study as the screen's reference;
+    # a budget of 3 leaves one screen (the first knob: precision), then TPE
+    study, screened = screens()
+    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) == 3
+    (ref,) = [t for t in study.trials if t.user_attrs.get("advisor_reference")]
+    assert ref.params == {"batch_size": 8, "precision": "fp32"}
+    assert ref.value == pytest.approx(first["baseline"]["samples_per_s"])
+    assert screened == [{"batch_size": 8, "precision": "bf16"}]
     again = run_tune(data_dir, db, "--trials", "3")  # same arguments: the same study, nothing to run
     assert again["study_id"] == first["study_id"] and again["stats"]["resumed_from"] == 3
     assert len(stored(db)) == 3
     more = run_tune(data_dir, db, "--trials", "4")  # a bigger budget continues it: one new configuration
     assert more["study_id"] == first["study_id"] and more["statuses"] == {"ok": 4}
     assert len({r.config_hash for r in stored(db)}) == 4
+    # the resumed screen goes on with the next knob (batch 8 -> 4) unless TPE's draw in the first
+    # run measured that already; the reference is not added twice
+    study, screened = screens()
+    assert screened[0] == {"batch_size": 8, "precision": "bf16"}
+    assert {"batch_size": 4, "precision": "fp32"} in [t.params for t in study.trials]
+    assert sum(1 for t in study.trials if t.user_attrs.get("advisor_reference")) == 1
 
 
 def test_a_new_study_reuses_measurements_within_its_budget(data_dir):

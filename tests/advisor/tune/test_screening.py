@@ -1,0 +1,130 @@
+"""The screening sampler on real Optuna studies: one knob changed per screen in impact order, the
+winners combined once, then the base sampler; a resumed study does not screen again.
+
+The objective here is a formula of the knobs (not a measurement) so each case has one right
+answer; the end-to-end path through Ray and real trials is in test_tune.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import optuna
+import pytest
+
+from advisor.tune.screening import ROLE_ATTR, ScreeningSampler, add_reference, farthest
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+REFERENCE = {"batch_size": 8, "num_workers": 0, "precision": "fp32", "compile_mode": "none", "threads": None}
+
+
+def space(trial) -> dict:
+    """A define-by-run space like the tuner's: prefetch_factor exists only with workers."""
+    p = {"batch_size": trial.suggest_categorical("batch_size", [2, 8, 32]),
+         "num_workers": trial.suggest_int("num_workers", 0, 4)}
+    if p["num_workers"] > 0:
+        p["prefetch_factor"] = trial.suggest_categorical("prefetch_factor", [1, 2, 4])
+    p.update(precision=trial.suggest_categorical("precision", ["fp32", "bf16"]),
+             compile_mode=trial.suggest_categorical("compile_mode", ["none", "default"]),
+             threads=trial.suggest_categorical("threads", [None, 1]))
+    return p
+
+
+def throughput(p: dict) -> float:
+    """bf16 and workers help, compile helps a little, batch 32 and one thread hurt."""
+    v = 100.0 * {2: 0.95, 8: 1.0, 32: 0.8}[p["batch_size"]]
+    v *= 1.3 if p["precision"] == "bf16" else 1.0
+    v *= 1.5 if p["num_workers"] else 1.0
+    v *= 1.05 if p["compile_mode"] == "default" else 1.0
+    return v * (0.6 if p["threads"] == 1 else 1.0)
+
+
+def new_study(max_screens: int = 10, storage=None, name: str | None = None) -> optuna.Study:
+    sampler = ScreeningSampler(optuna.samplers.TPESampler(seed=0, n_startup_trials=2), max_screens=max_screens)
+    study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage, study_name=name,
+                                load_if_exists=True)
+    fixed = optuna.trial.FixedTrial(REFERENCE)
+    add_reference(study, fixed.params, fixed.distributions, [throughput(space(fixed))])
+    return study
+
+
+def run(study: optuna.Study, n: int) -> list[tuple[str | None, dict]]:
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        params = space(trial)
+        study.tell(trial, throughput(params))
+        out.append((study.trials[-1].system_attrs.get(ROLE_ATTR), params))
+    return out
+
+
+def changed(params: dict) -> dict:
+    return {k: v for k, v in params.items() if k in REFERENCE and REFERENCE[k] != v}
+
+
+def test_screens_one_knob_at_a_time_then_combines_the_winners_then_hands_over():
+    steps = run(new_study(), 8)
+    roles = [role for role, _ in steps]
+    # impact order: precision, batch size, compile, workers, threads; each the farthest other value
+    assert roles[:5] == ["precision='bf16'", "batch_size=32", "compile_mode='default'", "num_workers=4", "threads=1"]
+    assert [changed(p) for _, p in steps[:5]] == [{"precision": "bf16"}, {"batch_size": 32},
+                                                  {"compile_mode": "default"}, {"num_workers": 4}, {"threads": 1}]
+    assert steps[3][1]["prefetch_factor"] == 2  # the knob workers opened takes PyTorch's default
+    # bf16, compile and workers beat the reference; batch 32 and one thread did not
+    assert roles[5] == "combination"
+    assert changed(steps[5][1]) == {"precision": "bf16", "compile_mode": "default", "num_workers": 4}
+    assert roles[6:] == [None, None]  # TPE from here on
+
+
+def test_no_combination_when_at_most_one_knob_won():
+    study = new_study()
+    base = throughput(REFERENCE)
+    trial_params = []
+    for _ in range(6):
+        trial = study.ask()
+        params = space(trial)
+        win = params["precision"] == "bf16"  # only bf16 beats the reference in this world
+        study.tell(trial, base * 1.2 if win else base * 0.9)
+        trial_params.append(study.trials[-1].system_attrs.get(ROLE_ATTR))
+    assert "combination" not in trial_params and trial_params[5] is None
+
+
+def test_max_screens_keeps_the_most_impactful_knobs():
+    roles = [role for role, _ in run(new_study(max_screens=2), 3)]
+    assert roles == ["precision='bf16'", "batch_size=32", None]  # two screens, nothing to combine: TPE
+
+
+def test_a_resumed_study_does_not_screen_again(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    run(new_study(storage=storage, name="s"), 3)
+    again = new_study(storage=storage, name="s")  # a new sampler, as after a restart; reference not re-added
+    assert sum(1 for t in again.trials if t.user_attrs.get("advisor_reference")) == 1
+    roles = [role for role, _ in run(again, 3)]
+    assert roles == ["num_workers=4", "threads=1", "combination"]  # precision..compile were screened before
+
+
+def test_without_a_reference_the_base_sampler_decides():
+    study = optuna.create_study(direction="maximize", sampler=ScreeningSampler(
+        optuna.samplers.RandomSampler(seed=1), max_screens=5))
+    assert [role for role, _ in run(study, 3)] == [None, None, None]
+
+
+@pytest.mark.parametrize("choices,value,other", [([2, 8, 32], 8, 32), ([2, 8, 32], 32, 2), ([2, 8, 32, 64], 8, 64),
+                                                 (["none", "default"], "none", "default"), ([1], 1, None)])
+def test_farthest_level(choices, value, other):
+    assert farthest(optuna.distributions.CategoricalDistribution(choices), value) == other
+
+
+def test_farthest_in_an_int_range():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dist = optuna.distributions.IntDistribution(0, 6)
+    assert farthest(dist, 0) == 6 and farthest(dist, 5) == 0 and farthest(optuna.distributions.IntDistribution(3, 3), 3) is None
+
+
+def test_a_screen_that_failed_is_not_tried_again():
+    study = new_study()
+    trial = study.ask()
+    space(trial)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)  # e.g. the Ray worker died under it
+    assert [role for role, _ in run(study, 1)] == ["batch_size=32"]
