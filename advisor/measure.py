@@ -1,7 +1,8 @@
 """Real CPU memory measurement of a few training steps, in a fresh process (DESIGN.md's protocol).
 
-`rss` mode: the peak resident set (ru_maxrss) over the resident set just before build_model(),
-after the optimizer has stepped `steps` >= 2 times. `alloc` mode: the exact peak of live tensor
+`rss` mode: the peak resident set over the resident set just before build_model(), after the
+optimizer has stepped `steps` >= 2 times (the kernel's high-water mark, reset just before the build:
+ru_maxrss would carry over the launching process's memory, see advisor/procmem.py). `alloc` mode: the exact peak of live tensor
 bytes, from the profiler's [memory] events replayed in order. The two are separate runs because
 the profiler's own buffers would inflate the resident set. `trace` mode runs the estimator's
 tracer on real tensors and writes its allocation log to a file (for calibration). `cuda` mode
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.config import OptimizerKind, Precision
 from advisor.errors import TrialError
+from advisor.procmem import current_rss, mark_peak, peak_rss
 
 
 class MeasureRequest(BaseModel):
@@ -53,13 +54,8 @@ class MeasureResult(BaseModel):
     seconds: float
 
 
-def _current_rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _replay_memory_events(prof) -> int:
-    """Peak of the running sum of the profiler's [memory] events, in time order (bytes)."""
+def replay_memory_events(prof) -> tuple[int, int]:
+    """(peak, final) of the running sum of the profiler's CPU [memory] events in time order (bytes)."""
     # The kineto results hold every allocator report, in order; prof.events() folds most into ops.
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type().name == "CPU"]
     events.sort(key=lambda e: e.start_ns())
@@ -67,7 +63,7 @@ def _replay_memory_events(prof) -> int:
     for e in events:
         live += e.nbytes()
         peak = max(peak, live)
-    return peak
+    return peak, live
 
 
 def _to_device(batch: Any, device: str) -> Any:
@@ -118,16 +114,17 @@ def _run(req: MeasureRequest) -> MeasureResult:
         return MeasureResult(request=req, alloc_peak_bytes=torch.cuda.max_memory_allocated(),
                              cuda_reserved_bytes=torch.cuda.max_memory_reserved(), seconds=time.perf_counter() - t0)
     if req.mode == "rss":
-        base = _current_rss()
+        mark_peak()
+        base = current_rss()
         steps()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
+        peak = peak_rss()
         return MeasureResult(request=req, rss_delta_bytes=peak - base, baseline_rss_bytes=base,
                              seconds=time.perf_counter() - t0)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         steps()
-    return MeasureResult(request=req, alloc_peak_bytes=_replay_memory_events(prof), seconds=time.perf_counter() - t0)
+    return MeasureResult(request=req, alloc_peak_bytes=replay_memory_events(prof)[0], seconds=time.perf_counter() - t0)
 
 
 def measure(req: MeasureRequest, timeout_s: float = 600.0) -> MeasureResult:

@@ -8,7 +8,6 @@ signals, timeouts and missing reports into statuses. Everything here applies a k
 from __future__ import annotations
 
 import os
-import resource
 import sys
 import time
 import traceback
@@ -17,6 +16,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.procmem import current_rss, mark_peak, peak_rss
 from probes.config import CompileMode, Pinning, TrainingConfig, TrialBudget
 from probes.result import Environment, PeakMemory, TrialStatus
 
@@ -56,11 +56,6 @@ class ChildReport(BaseModel):
     notes: list[str] = Field(default_factory=list)
     compiled_graphs: int | None = Field(default=None, description="Graphs dynamo captured and inductor compiled.")
     marks: dict[str, float] = Field(default_factory=dict, description="time.time() at each stage, for the overhead breakdown.")
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _report_path(result_dir: str, rank: int) -> str:
@@ -252,7 +247,8 @@ def run(req: ChildRequest) -> ChildReport:
     if c.device == "cuda":
         torch.cuda.set_device(local_rank)
         torch.cuda.reset_peak_memory_stats()
-    base_rss = _rss_bytes()  # DESIGN.md: the resident set just before build_model()
+    mark_peak()  # a forked child starts from its fork server's peak (advisor/procmem.py)
+    base_rss = current_rss()  # DESIGN.md: the resident set just before build_model()
     ctx = _make_context(workload, c, device, info)
     marks["built"] = time.time()
     init_fn = None
@@ -275,7 +271,7 @@ def run(req: ChildRequest) -> ChildReport:
     marks["warm"] = time.time()
     steps, waits = _timed(stepper, req.budget)
     marks["timed"] = time.time()
-    peak = PeakMemory(cpu_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss)
+    peak = PeakMemory(cpu_rss_bytes=peak_rss() - base_rss)
     if c.device == "cuda":
         peak = peak.model_copy(update={"cuda_allocated_bytes": torch.cuda.max_memory_allocated(),
                                        "cuda_reserved_bytes": torch.cuda.max_memory_reserved()})

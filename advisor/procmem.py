@@ -1,0 +1,45 @@
+"""This process's resident set: now, and its peak since a mark (Linux /proc; ru_maxrss elsewhere).
+
+`ru_maxrss` is not this process's own peak: Linux carries it over from the image an `exec`
+replaced, so a fresh `python -m ...` started by a 2 GB parent (vfork shares the parent's memory
+until the exec) reports at least 2 GB whatever it does itself, and a forked trial starts from its
+fork server's peak. `mark_peak()` resets the kernel's high-water mark (VmHWM) to the current
+resident set (`/proc/self/clear_refs`, Linux 4.0+), so `peak_rss()` afterwards is the peak of
+what this process did since the mark.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+
+def current_rss() -> int:
+    """Resident set now (bytes)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def mark_peak() -> bool:
+    """Reset the peak to the resident set now; False where the kernel offers no reset."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int:
+    """Peak resident set (bytes) since `mark_peak()`, or since this process image started."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
