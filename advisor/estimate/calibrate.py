@@ -90,14 +90,16 @@ def _agree(fake: Trace, real: Trace) -> bool:
 SLOPE_BOUNDS = (0.5, 2.5)
 
 
-def _fit(transient: list[int], extra: list[float]) -> tuple[float, float]:
+def _fit(transient: list[int], extra: list[float]) -> tuple[float, float, float]:
     """Least squares extra = intercept + slope x transient, slope bounded; too narrow a spread of
-    transient bytes to fit a slope: the uncalibrated default slope."""
+    transient bytes to fit a slope: the uncalibrated default slope. Also the largest distance of a
+    run from the fit (bytes): how far one run of this workload strays here."""
     x, y = np.asarray(transient, float), np.asarray(extra, float)
     slope = CPU_DEFAULT.slope
     if len(x) >= 2 and np.ptp(x) > 0.2 * x.max():
         slope = float(np.clip(np.polyfit(x, y, 1)[0], *SLOPE_BOUNDS))
-    return float(np.mean(y - slope * x)), slope
+    intercept = float(np.mean(y - slope * x))
+    return intercept, slope, float(np.abs(y - slope * x - intercept).max())
 
 
 def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel) -> tuple[Calibration, BatchModel]:
@@ -107,20 +109,22 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
     jobs = {("rss", b): _request(spec, args, req, b, "rss") for b in rss_batches}
     jobs[("alloc", trace_batches[1])] = _request(spec, args, req, trace_batches[1], "alloc")
     real_bm, res = real_batch_model(spec, args, req, trace_batches, jobs)
-    use_real = not all(_agree(bm.at(b), real_bm.at(b)) for b in (real_bm.a, real_bm.c))
-    chosen = real_bm if use_real else bm
     hi = trace_batches[1]
+    # A fake trace whose kernel workspaces were sized by real runs at the full shapes stands: the
+    # real traces cannot see scratch a kernel frees inside itself, and extrapolate from small batches.
+    use_real = not bm.trace_a.sized_kernels and not all(_agree(bm.at(b), real_bm.at(b)) for b in (real_bm.a, real_bm.c))
+    chosen = real_bm if use_real else bm
     _, transient_hi = persistent_transient(scaled_curve(req, chosen.at(hi), 1))
     hidden = max(0, (res[("alloc", hi)].alloc_peak_bytes or 0) - chosen.at(hi).peak_bytes)
     ratio = hidden / transient_hi if transient_hi else 0.0
     rss = tuple((b, int(res[("rss", b)].rss_delta_bytes)) for b in rss_batches)
-    intercept, slope = _fit_resident(req, chosen, ratio, rss)
-    return Calibration(intercept=intercept, slope=slope, hidden_ratio=ratio, batches=rss_batches,
+    intercept, slope, spread = _fit_resident(req, chosen, ratio, rss)
+    return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=ratio, batches=rss_batches,
                        used_real_traces=use_real, rss=rss), chosen
 
 
 def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple[tuple[int, int], ...]):
-    """(intercept, slope) of resident - persistent = intercept + slope x transient over the runs."""
+    """(intercept, slope, spread) of resident - persistent = intercept + slope x transient over the runs."""
     split = [persistent_transient(scaled_curve(req, bm.at(b), 1)) for b, _ in rss]
     split = [(p, int(t * (1 + ratio))) for p, t in split]
     return _fit([t for _, t in split], [r - p for (_, r), (p, _) in zip(rss, split)])
@@ -128,16 +132,19 @@ def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple
 
 def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel, first: Calibration,
                      batch: int) -> Calibration | None:
-    """A second round of resident-set runs at a quarter and a half of `batch` (a predicted largest
-    batch far from the first round's), fitted together with the first round's runs: the fit then
-    reaches the batch sizes it is asked about instead of extrapolating from small ones. The batch
-    model (traces) stays: tensor sizes extrapolate exactly; the resident set is what does not.
-    None when the first round already ran at those batch sizes."""
-    new = sorted({max(1, batch // 4), max(1, batch // 2)} - set(first.batches))
-    if not new:
+    """A second round of resident-set runs at `batch` (a predicted largest batch far from the first
+    round's) and half of it, fitted together with the first round's runs from an eighth of `batch`
+    up: the fit then brackets the batch sizes it is asked about instead of extrapolating from small
+    ones, whose resident set follows other rules (glibc serves tensors under 32 MiB from its heap,
+    which keeps freed memory; larger ones are mapped and unmapped on their own). The batch model
+    (traces) stays: tensor sizes extrapolate exactly; the resident set is what does not. `batch`
+    runs twice: how far two identical runs differ there is part of the fit's spread, which the
+    largest batch keeps clear of the cap. None when the first round already ran at `batch`."""
+    if batch in first.batches:
         return None
-    res = _run_parallel({b: _request(spec, args, req, b, "rss") for b in new})
-    rss = first.rss + tuple((b, int(res[b].rss_delta_bytes)) for b in new)
-    intercept, slope = _fit_resident(req, bm, first.hidden_ratio, rss)
-    return Calibration(intercept=intercept, slope=slope, hidden_ratio=first.hidden_ratio,
-                       batches=tuple(sorted(first.batches + tuple(new))), used_real_traces=first.used_real_traces, rss=rss)
+    runs = [(b, i) for b in sorted({max(1, batch // 2), batch} - set(first.batches)) for i in range(1 + (b == batch))]
+    res = _run_parallel({r: _request(spec, args, req, r[0], "rss") for r in runs})
+    rss = tuple(p for p in first.rss if p[0] >= batch // 8) + tuple((b, int(res[b, i].rss_delta_bytes)) for b, i in runs)
+    intercept, slope, spread = _fit_resident(req, bm, first.hidden_ratio, rss)
+    return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=first.hidden_ratio,
+                       batches=tuple(sorted({b for b, _ in rss})), used_real_traces=first.used_real_traces, rss=rss)

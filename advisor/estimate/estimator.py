@@ -23,11 +23,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_BATCH_LIMIT = 1 << 22  # samples: the search stops here
-# A second calibration round near the predicted largest batch runs only when the predicted resident
-# set at half of it is at most this share of this host's memory (two runs go at once): cheap runs,
-# no risk to the host. Asked about this host's own memory, the largest batch's half is about half
-# of it, so the common `estimate` on the local CPU never pays for the round.
-RECALIBRATE_HOST_SHARE = 0.25
+# A second calibration round at the predicted largest batch (twice) and half of it runs only when
+# the predicted resident set at the largest is at most this share of this host's memory (two runs
+# go at once): cheap runs, no risk to the host. Asked about this host's own memory, the largest batch
+# is about all of it, so the common `estimate` on the local CPU never pays for the round.
+RECALIBRATE_HOST_SHARE = 0.3
+# Another round runs where the re-solved answer moved more than this share away from the batch the
+# round ran at, up to NEAR_ROUNDS rounds in all.
+NEAR, NEAR_ROUNDS = 0.1, 3
 
 
 def _resolve(workload: Workload | str, hardware: HardwareSpec | str, workload_args: dict[str, Any] | None):
@@ -76,6 +79,8 @@ class _Evaluator:
         return sum(self.total(b, strategy))
 
     def max_batch(self, usable: int, strategy: Strategy | None = None) -> int:
+        """The largest batch whose total fits `usable`, a calibration's run-to-run spread kept clear."""
+        usable -= int(self.calib.spread) if self.calib is not None and self.refined is None else 0
         if self.device_bytes(1, strategy) > usable:
             return 0
         lo, hi = 1, 2
@@ -96,9 +101,9 @@ def _strategies(hw: HardwareSpec) -> list[Strategy]:
     return [Strategy.single] if hw.world_size == 1 else list(Strategy)
 
 
-def _batch_model(wl: Workload, req: EstimateRequest) -> BatchModel:
+def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool) -> BatchModel:
     kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
-              fused_backward=req.fused_backward, optimizer_impl=req.optimizer_impl)
+              fused_backward=req.fused_backward, optimizer_impl=req.optimizer_impl, cpu_workspaces=cpu)
 
     def retrace(b: int, flops: bool = True) -> Trace:
         return trace_training(wl, b, count_flops=flops, **kw)
@@ -139,7 +144,11 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     margin = get_settings().memory_margin if margin is None else margin
     usable = int(hw.memory_per_device_bytes * (1 - margin))
 
-    bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes)
+    bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes,
+                                   cpu=hw.device_type == "cpu" and hw.is_local)
+    if bm.trace_a.sized_kernels:
+        notes.append(f"kernel scratch and workspaces sized by running {bm.trace_a.sized_kernels} oneDNN op shape(s) "
+                     "once on zeros on this CPU (fake ops report none)")
     calib = None
     do_cal = get_settings().calibrate if calibrate is None else calibrate
     if hw.device_type == "cpu" and hw.is_local and do_cal and used != "analytic":
@@ -194,7 +203,7 @@ def _make_request(hw: HardwareSpec, batch: int, **knobs: Any) -> EstimateRequest
 
 
 def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: dict[str, Any] | None,
-                        req: EstimateRequest, method: str, notes: list[str]) -> tuple[BatchModel, str]:
+                        req: EstimateRequest, method: str, notes: list[str], cpu: bool) -> tuple[BatchModel, str]:
     """Formulas, a fake-tensor trace, or (untraceable model) real-tensor traces at batch 1 and 2."""
     from advisor.settings import get_settings
 
@@ -206,7 +215,7 @@ def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: d
         return BatchModel(a=req.batch_size, trace_a=analytic_trace(wl, req.batch_size, req),
                           retrace=lambda b: analytic_trace(wl, b, req)), "analytic"
     try:
-        return _batch_model(wl, req), "traced"
+        return _batch_model(wl, req, cpu), "traced"
     except EstimateError as exc:
         if not isinstance(workload, str):
             raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "
@@ -224,11 +233,16 @@ def _calibrate(workload: Workload | str, workload_args: dict[str, Any] | None, r
     if not isinstance(workload, str):
         notes.append("not calibrated: a workload passed as an object cannot be run in a fresh process")
         return None, bm
+    from advisor.errors import TrialError
     from advisor.estimate.calibrate import calibrate_cpu
 
-    calib, bm = calibrate_cpu(workload, workload_args or {}, req, bm)
+    try:
+        calib, bm = calibrate_cpu(workload, workload_args or {}, req, bm)
+    except TrialError as exc:  # the real step fails here (e.g. no kernel for this dtype): the trace stands alone
+        notes.append(f"not calibrated: {exc}")
+        return None, bm
     notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}: "
-                 f"resident = persistent + {calib.slope:.2f} x transient + {calib.intercept / 2**20:.0f} MiB")
+                 f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps that clear)")
     if calib.used_real_traces:
         notes.append("real kernels allocate differently from the fake trace here (e.g. a workspace): "
                      "using traces of real steps at small batch sizes, extrapolated per allocation")
@@ -262,22 +276,29 @@ def _measured_refinement(wl: Workload, hw: HardwareSpec, req: EstimateRequest, c
 
 def _max_batch_near(ev: _Evaluator, workload: Workload | str, workload_args: dict[str, Any] | None, first: int,
                     usable: int, notes: list[str]) -> int | None:
-    """The largest batch re-solved after real runs at a quarter and a half of the first answer (CPU,
-    calibrated), when those runs are cheap; None when no second round ran (see calibrate.py)."""
+    """The largest batch re-solved after real runs at the first answer and half of it (CPU,
+    calibrated), when those runs are cheap; again from the new answer while it lands more than
+    NEAR away from where the runs were (the fit then extrapolated), at most NEAR_ROUNDS times. None
+    when no second round ran (see calibrate.py)."""
     import os
 
     from advisor.estimate.calibrate import Calibration, recalibrate_near
 
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if not isinstance(ev.calib, Calibration) or not isinstance(workload, str) or first < 2:
-        return None
-    if ev.predicted_total(first // 2) > RECALIBRATE_HOST_SHARE * host:
-        return None
-    calib = recalibrate_near(workload, workload_args or {}, ev.req, ev.bm, ev.calib, first)
-    if calib is None:
-        return None
-    again = _Evaluator(ev.hw, ev.req, ev.bm, calib).max_batch(usable)
-    notes.append(f"largest batch re-solved after calibrating again near it (batch sizes {', '.join(map(str, calib.batches))}:"
-                 f" resident = persistent + {calib.slope:.2f} x transient + {calib.intercept / 2**20:.0f} MiB): "
-                 f"{first} -> {again}")
+    answer, again = first, None
+    for _ in range(NEAR_ROUNDS):
+        if not isinstance(ev.calib, Calibration) or not isinstance(workload, str) or answer < 2:
+            break
+        if ev.predicted_total(answer) > RECALIBRATE_HOST_SHARE * host:
+            break
+        calib = recalibrate_near(workload, workload_args or {}, ev.req, ev.bm, ev.calib, answer)
+        if calib is None:
+            break
+        ev = _Evaluator(ev.hw, ev.req, ev.bm, calib)
+        ran_at, answer = answer, ev.max_batch(usable)
+        again = answer
+        notes.append(f"largest batch re-solved after real runs at {ran_at} (fit over batch sizes "
+                     f"{', '.join(map(str, calib.batches))}: {calib.formula()}, runs within {calib.spread / 2**20:.0f} MiB of it): {ran_at} -> {answer}")
+        if abs(answer - ran_at) <= NEAR * ran_at:
+            break
     return again

@@ -31,6 +31,12 @@ class CpuCalibration:
     intercept: float  # bytes
     slope: float  # resident bytes per transient live byte
     hidden_ratio: float = 0.0  # live bytes kernels allocate inside themselves, per transient byte
+    # How far one real run strayed from the fit (bytes): the largest batch keeps this much clear
+    # of the cap, so a run that strays as far still fits.
+    spread: float = 0.0
+
+    def formula(self) -> str:
+        return f"resident = persistent + {self.slope:.2f} x transient + {self.intercept / MB:.0f} MiB"
 
     def resident(self, persistent: int, transient: int) -> int:
         return int(persistent + self.slope * transient + self.intercept)

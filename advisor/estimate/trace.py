@@ -9,6 +9,8 @@ bytes after every event, split by what each allocation is for (the categories be
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ class Trace:
     num_params: int
     seconds: float
     synthetic: bool = False  # built from formulas: sizes are moments, not an allocation sequence
+    sized_kernels: int = 0  # kernel workspaces/scratch sized by running the op for real on this CPU
 
     @property
     def peak_bytes(self) -> int:
@@ -63,6 +66,8 @@ class _Tracker:
         self.flops = 0
         self.count_flops = False
         self.param_keys: set[int] = set()  # storages of the model's parameters
+        self.cpu_workspaces = False  # size oneDNN's workspaces and scratch by running those ops for real
+        self.workspace_bytes: dict[str, int] = {}  # the op's shapes, dtypes and scalars -> bytes
 
     def set_phase(self, name: str) -> None:
         self.phase = name
@@ -104,6 +109,10 @@ def _dispatch_mode(tracker: _Tracker):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
+            if func is torch.ops.aten.mkldnn_rnn_layer.default and tracker.cpu_workspaces:
+                out = _with_real_workspace(tracker, args, out)
+            elif tracker.cpu_workspaces and func in _scratch_ops():
+                _real_scratch(tracker, func, args)
             category = None
             if (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
                     and args[0].untyped_storage()._cdata in tracker.param_keys):
@@ -118,6 +127,116 @@ def _dispatch_mode(tracker: _Tracker):
             return out
 
     return TrackingMode()
+
+
+def _with_real_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
+    """oneDNN's RNN keeps a workspace from forward to backward whose size its kernel decides (by
+    CPU, shape and dtype); the fake op reports none. Run the op once on real zeros of the same
+    shapes (one layer's input, weights and output: small next to the model) and give the fake
+    trace a workspace of the real size."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    workspace = out[3]
+    if not isinstance(workspace, FakeTensor) or not _affordable(args):
+        return out  # real tensors: the real kernel allocated the real workspace
+    key = _probe_key(torch.ops.aten.mkldnn_rnn_layer.default, args)
+    if key not in tracker.workspace_bytes:
+        # not under no_grad: the kernel keeps a workspace only when gradients are on (inputs need none)
+        with unset_fake_temporarily():
+            try:
+                found = torch.ops.aten.mkldnn_rnn_layer.default(*_real_like(args))[3]
+            except Exception:  # noqa: BLE001 - no kernel for this here (bf16 LSTM without AVX512-BF16): none to size
+                found = None
+            tracker.workspace_bytes[key] = int(found.nbytes) if found is not None else 0
+    n = tracker.workspace_bytes[key]
+    if n == workspace.nbytes:
+        return out
+    return (*out[:3], torch.empty(n, dtype=torch.uint8, device=workspace.device))
+
+
+# A real probe of one op allocates its inputs, outputs and scratch; past this many input bytes
+# the op is left unsized (its scratch then counts as nothing, as on other targets).
+PROBE_INPUT_LIMIT = 1 << 30
+
+
+def _probe_key(func: Any, args: tuple) -> str:
+    """What decides a probed op's workspace or scratch: the op, its tensors' shapes and dtypes, its scalars."""
+    import torch
+
+    return repr([func, *((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)])
+
+
+def _real_like(args: tuple) -> list:
+    """Real zeros for each fake tensor argument, same shape, strides and dtype (a layout such as
+    channels_last changes which kernel runs)."""
+    import torch
+
+    return [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype).zero_() if isinstance(a, torch.Tensor) else a
+            for a in args]
+
+
+def _affordable(args: tuple) -> bool:
+    import torch
+
+    return sum(a.nbytes for a in args if isinstance(a, torch.Tensor)) <= PROBE_INPUT_LIMIT
+
+
+@functools.lru_cache(maxsize=1)
+def _scratch_ops() -> frozenset:
+    """CPU kernels that allocate scratch inside themselves through torch's allocator (oneDNN's)."""
+    import torch
+
+    aten = torch.ops.aten
+    return frozenset({aten.mkldnn_rnn_layer_backward.default, aten.convolution.default,
+                      aten.convolution_backward.default})
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull():
+    """The profiler's C++ side writes a line to fd 2 as it starts and stops; keep it off the user's screen."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _real_scratch(tracker: _Tracker, func: Any, args: tuple) -> None:
+    """A kernel that allocates scratch inside itself (oneDNN's convolutions and RNN backward, sized by
+    the algorithm it picks for this CPU and shape): run it once on real zeros under the profiler,
+    and record a fake allocation of the scratch's size that dies at once, so the trace's peak sees
+    it beside the op's outputs."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch.profiler import ProfilerActivity, profile
+
+    from advisor.measure import replay_memory_events
+
+    if not any(isinstance(a, FakeTensor) for a in args) or not _affordable(args):
+        return
+    key = _probe_key(func, args)
+    if key not in tracker.workspace_bytes:
+        with unset_fake_temporarily():
+            try:
+                real = _real_like(args)
+                with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                    func(*real)
+                peak, final = replay_memory_events(prof)
+            except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
+                peak = final = 0
+            tracker.workspace_bytes[key] = max(0, peak - final)
+    if tracker.workspace_bytes[key]:
+        scratch = torch.empty(tracker.workspace_bytes[key], dtype=torch.uint8)  # fake: the mode beneath is fake
+        tracker.track(scratch)
+        del scratch
 
 
 def _fakeify(batch: Any, fake_mode) -> Any:
@@ -147,12 +266,15 @@ def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def trace_training(workload: Workload, batch_size: int, *, precision: Precision, optimizer: OptimizerKind,
                    checkpointing: bool = False, fused_backward: bool = False, optimizer_impl: str | None = None,
-                   fake: bool = True, count_flops: bool = True) -> Trace:
+                   fake: bool = True, count_flops: bool = True, cpu_workspaces: bool = False) -> Trace:
     """Build `workload` and run two full training steps, recording memory.
 
     fake=True (the estimator): on fake tensors, nothing allocated. fake=False: on real CPU
     tensors, so real kernels choose their own paths (e.g. oneDNN's RNN with its workspace);
-    the calibration runs this at small batch sizes in a fresh process.
+    the calibration runs this at small batch sizes in a fresh process. cpu_workspaces (this CPU
+    is the target, fake tensors): the workspaces and scratch of oneDNN's kernels, which fake ops
+    leave out, are sized by running each such op once on real zeros (`_with_real_workspace`,
+    `_real_scratch`).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -161,6 +283,7 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
 
     t0 = time.perf_counter()
     tracker = _Tracker()
+    tracker.cpu_workspaces = cpu_workspaces and fake
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     try:
         with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker):
@@ -217,7 +340,8 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     curve, sizes, ids = _replay(tracker)
     return Trace(curve=curve, sizes=sizes, ids=ids, param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
-                 flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0)
+                 flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
+                 sized_kernels=len(tracker.workspace_bytes))
 
 
 def save_trace(trace: Trace, path: str) -> None:

@@ -28,7 +28,7 @@ MB = 1_000_000
 
 # (preset, batch, precision): traced live-tensor peak vs the profiler's exact one, within 3%.
 ALLOC_CASES = [("tiny-mlp", 256, "fp32"), ("tiny-gpt2", 16, "fp32"), ("tiny-resnet", 32, "fp32"),
-               ("tiny-llama", 16, "bf16")]
+               ("tiny-llama", 16, "bf16"), ("tiny-lstm", 32, "fp32")]
 # (preset, batch, workload args): calibrated resident set vs the median of 3 real runs, within 12%.
 # mlp at 64 is dominated by parameters and AdamW state; tiny-gpt2 at 256 by activations.
 RSS_CASES = [("mlp", 64, {}), ("tiny-gpt2", 256, {})]
@@ -279,7 +279,7 @@ def test_calibrated_total_matches_real_resident_set(real_runs, name: str, batch:
     est = estimate_memory(name, "cpu", batch, calibrate=True, workload_args=args)
     assert est.calibrated and est.predicts == "cpu_rss"
     assert est.total_bytes >= 150 * MB
-    # The goal (<= 12% max) is measured by bench/estimate_accuracy.py on medians over many cases; a
-    # single case here also carries the 5-13% run-to-run spread of the resident set on a shared VM,
-    # so the test guards against regressions beyond that spread rather than re-measuring the goal.
-    assert est.total_bytes == pytest.approx(median, rel=0.16), (est.total_bytes, runs, est.notes)
+    # Issue 2: within 12% of a real small CPU run. (The calibration's runs used to report this test
+    # process's own resident set, ru_maxrss surviving the exec: fits came out at 0.5 x transient +
+    # 240 MiB and totals 20% over; advisor/procmem.py and test_procmem.py.)
+    assert est.total_bytes == pytest.approx(median, rel=0.12), (est.total_bytes, runs, est.notes)
