@@ -182,7 +182,9 @@ def _loop(c: TrainingConfig) -> list[str]:
             '            print(f"step {step} loss {loss.item() * GRAD_ACCUM:.4f}", flush=True)',
             "        if step >= STEPS:", "            break", "    epoch += 1"]
     if c.nproc > 1:
-        out.append("dist.destroy_process_group()")
+        # every rank done with its collectives before any tears the group down (gloo aborted a
+        # rank at exit about one run in three without it)
+        out += ["dist.barrier()", "dist.destroy_process_group()"]
     return out
 
 
