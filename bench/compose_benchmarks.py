@@ -4,7 +4,10 @@ in bench/results/.
 
     .venv/bin/python bench/compose_benchmarks.py
 
-The results folder is not committed; BENCHMARKS.md is the record (command, machine, date, tables).
+bench/results/ is committed (its databases are not), so this file can be rewritten from a checkout.
+A section whose results file is missing (an older run's, from before the results were kept) keeps
+its text in the current BENCHMARKS.md. Hand-written readings of a section live in
+bench/notes/<section>.md and are appended after it.
 """
 
 from __future__ import annotations
@@ -20,29 +23,47 @@ HEADER = ROOT / "bench" / "BENCHMARKS.header.md"
 CALIBRATION = ROOT / "bench" / "BENCHMARKS.calibration.md"
 
 
-def _section(md: Path, title: str) -> str:
-    """The part of a results markdown from heading `title` to the next '## ' heading."""
-    if not md.exists():
-        return f"_{md.name} not found: run the command above._\n"
-    text = md.read_text()
+NOTES = ROOT / "bench" / "notes"
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+
+
+def _cut(text: str, title: str) -> str | None:
+    """From the line '## {title}...' to the next '## ' heading, or None."""
     start = text.find(f"## {title}")
     if start < 0:
-        return f"_no '{title}' section in {md.name}_\n"
+        return None
     end = text.find("\n## ", start + 3)
     return text[start:end if end > 0 else None].strip() + "\n"
+
+
+def _section(md: Path, title: str, notes: str | None = None) -> str:
+    """The part of a results markdown from heading `title` to the next '## ' heading, then the
+    section's notes (bench/notes/<notes>.md) if any. Without the results file: the section as the
+    current BENCHMARKS.md has it (notes included)."""
+    if not md.exists():
+        kept = _cut(BENCHMARKS.read_text(), title) if BENCHMARKS.exists() else None
+        return kept or f"_{md.name} not found: run the command above._\n"
+    body = _cut(md.read_text(), title) or f"_no '{title}' section in {md.name}_\n"
+    note = NOTES / f"{notes}.md" if notes else None
+    return body + ("\n" + note.read_text().strip() + "\n" if note is not None and note.exists() else "")
 
 
 def _tuner() -> str:
     """bench/tune_bench.py's section: the full run's, else the quick run's, said so."""
     full, quick = RESULTS / "tune.md", RESULTS / "tune-quick.md"
     if full.exists() or not quick.exists():
-        return _section(full, "Tuner")
+        return _section(full, "Tuner", notes="tuner")
     body = _section(quick, "Tuner").split("\n", 1)
     return f"{body[0]}\n\nQuick mode only (`--quick`: small grids, 2 seeds); the full run is still to do.\n{body[1]}"
 
 
-def main() -> int:
-    acc = RESULTS / "accuracy.md"
+def _estimator(acc: Path) -> list[str]:
+    """The header and bench/estimate_accuracy.py's sections; without its results, this part of the
+    current BENCHMARKS.md as it stands (up to the calibration section, which is appended apart)."""
+    if not acc.exists() and BENCHMARKS.exists():
+        text = BENCHMARKS.read_text()
+        end = text.find(f"\n{CALIBRATION.read_text().strip().splitlines()[0]}") if CALIBRATION.exists() else -1
+        return [text[:end if end > 0 else None].strip() + "\n"]
     parts = [HEADER.read_text().strip() + "\n"]
     if acc.exists():
         run = acc.read_text().splitlines()[2]
@@ -55,13 +76,18 @@ def main() -> int:
     parts.append(_section(RESULTS / "maxbatch.md", "Largest batch under a memory cap"))
     parts.append("Quick mode (`--quick`), earlier in the session:\n\n"
                  + _section(RESULTS / "accuracy-quick.md", "Largest batch under a memory cap").split("\n", 1)[1])
+    return parts
+
+
+def main() -> int:
+    parts = _estimator(RESULTS / "accuracy.md")
     if CALIBRATION.exists():
         parts.append(CALIBRATION.read_text())
     parts.append(_section(RESULTS / "trials.md", "Measured trials"))  # bench/trial_bench.py
     parts.append(_tuner())
     parts.append(_section(RESULTS / "api_load.md", "HTTP API under load"))  # bench/api_load.py
-    (ROOT / "BENCHMARKS.md").write_text("\n".join(parts))
-    print(ROOT / "BENCHMARKS.md")
+    BENCHMARKS.write_text("\n".join(parts))
+    print(BENCHMARKS)
     return 0
 
 

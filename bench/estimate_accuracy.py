@@ -9,7 +9,8 @@ markdown file next to it (accuracy.md):
 1. Accuracy on this machine's CPU (hardware 'cpu', calibrate=True): 8 workloads of different kinds x
    {fp32, bf16 autocast} x {adamw, sgd-momentum} x 2 batch sizes. Per case:
    - measured RSS: median of 3 `measure(mode='rss')` runs (DESIGN.md "what a measured peak means": peak
-     ru_maxrss over the RSS just before build_model(), fresh process, >= 2 optimizer steps);
+     resident set (VmHWM, reset just before build_model()) over the RSS then, fresh process, >= 2
+     optimizer steps);
    - exact allocated peak: one `measure(mode='alloc')` run (profiler memory events replayed in order);
    - ours: `estimate_memory(...).total_bytes` vs the RSS, `.allocated_bytes` vs the allocated peak;
    - anchors, against the RSS (see ANCHORS below for each formula and its source), and PyTorch's
@@ -34,7 +35,6 @@ import json
 import math
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -193,6 +193,7 @@ def speed_child(kwargs: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     c0 = time.process_time()
     from advisor.estimate.estimator import estimate_memory
+    from advisor.procmem import peak_rss
 
     est = estimate_memory(**kwargs)
     return {
@@ -200,7 +201,7 @@ def speed_child(kwargs: dict[str, Any]) -> dict[str, Any]:
         "cpu_s": time.process_time() - c0,
         "estimate_seconds": est.seconds,  # the estimator's own timer (after imports)
         "method": est.method,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss(),  # VmHWM: ru_maxrss would include the bench's own memory
         "total_bytes": est.total_bytes,
         "max_batch_size": est.max_batch_size,
         "num_params": est.num_params,
@@ -559,7 +560,7 @@ def write_markdown(path: Path, results: dict[str, Any]) -> None:
         f"{'' if meta.get('finished') else ' (in progress)'}. advisor sources: {meta['source']['advisor_dir']} "
         f"(git {meta['source']['git_head']}, sha256 {meta['source']['sha256']})"
         + (" — CHANGED during the run" if meta.get("source_changed_during_run") else "") + ".", "",
-        "Relative error = (estimate − measured) / measured. RSS = median of 3 fresh-process runs (peak ru_maxrss over "
+        "Relative error = (estimate − measured) / measured. RSS = median of 3 fresh-process runs (peak resident set, VmHWM, over "
         "the RSS before build_model, after 3 optimizer steps); allocated = exact live-tensor peak from profiler memory "
         "events. Anchors: 24 B/param folk rule; accelerate `estimate-memory` fp32 Adam rule (4 × fp32 model = 16 B/param, "
         "applied to every case); DeepSpeed `estimate_zero2_model_states_mem_needs` on 1 GPU without offload "

@@ -1,16 +1,17 @@
 #!/usr/bin/env python
 """Tuner benchmarks (issue 4, item 8): on a fixed knob grid per CPU preset, measured exhaustively
-once, how close the tuner (TPE) gets to the grid's best within 25% of the grid's trials, against
-random search with the same budget; tuned vs baseline speedup; orchestration overhead.
+once, how close the tuner (its default sampler: a screen, then TPE) gets to the grid's best within
+25% of the grid's trials, against TPE alone and random search with the same budget; tuned vs
+baseline speedup; orchestration overhead.
 
-    .venv/bin/python bench/tune_bench.py [--quick] [--seeds N] [--presets image,transformer]
+    .venv/bin/python bench/tune_bench.py [--quick] [--seeds N] [--presets image,transformer] [--keep-grids]
 
 Writes bench/results/tune.json and bench/results/tune.md (read by compose_benchmarks.py). Its own
-SQLite store (bench/results/tune.db, tune-quick.db with --quick) is created afresh each run: the
-brute-force study measures the grid, and the seeded studies after it replay those measurements
-(the store reuses a configuration measured for the same workload, hardware and software), so
-each seed costs Ray's start-up and no new trials.
-Goals: TPE's best >= 95% of the grid's best (median over seeds) with <= 25% of the grid's trials;
+SQLite store (bench/results/tune.db, tune-quick.db with --quick) is created afresh each run
+(--keep-grids keeps it and the grids measured in it): the brute-force study measures the grid, and
+the seeded studies after it replay those measurements (the store reuses a configuration measured
+for the same workload, hardware and software), so each seed costs Ray's start-up and no new trials.
+Goals: the tuner's best >= 95% of the grid's best (median over seeds) with <= 25% of the grid's trials;
 tuning wall time <= 1.2x the sum of the trials' wall times (orchestration overhead <= 20%).
 """
 
@@ -46,7 +47,7 @@ HARDWARE = "cpu"
 BUDGET_FRACTION = 0.25  # of the grid's configurations, baseline included
 GOAL_RATIO = 0.95  # of the grid's best throughput
 GOAL_OVERHEAD = 0.20  # (tuning wall time - sum of trial wall times) / sum of trial wall times
-SAMPLERS = ("tpe", "random")
+SAMPLERS = ("tpe", "tpe-plain", "random")  # the tuner's default (screen, then TPE), TPE alone, random search
 
 
 def _budget():
@@ -102,16 +103,23 @@ def tune(workload: str, args: dict[str, Any], space: Path, db: str, *, sampler: 
             "stopped_because": summary.stats.get("stopped_because")}
 
 
-def bench_preset(key: str, quick: bool, seeds: int, db: str) -> dict[str, Any]:
+def bench_preset(key: str, quick: bool, seeds: int, db: str, run_tag: str,
+                 measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The grid (measured by brute force, or `measured`: an earlier run's record of the same grid in
+    the same store), then each sampler for each seed on a quarter of it."""
     workload, args, full_space, quick_space = PRESETS[key]
     space = SPACES / (quick_space if quick else full_space)
     n, base_in_grid = grid_size(workload, args, space)
     trials = n if base_in_grid else n + 1  # the baseline is always measured, in the grid or not
     print(f"{key}: {workload} {args}, grid {space.name}: {n} configurations", flush=True)
-    exhaustive = tune(workload, args, space, db, sampler="brute-force", trials=trials, seed=0,
-                      study=f"{key}-grid", verbose=True)
-    exhaustive["overhead"] = (exhaustive["wall_s"] - exhaustive["trial_s"]) / exhaustive["trial_s"] \
-        if exhaustive["trial_s"] else None
+    if measured is not None:
+        exhaustive = measured
+        print(f"  grid measured in an earlier run ({exhaustive['study']}), reused", flush=True)
+    else:
+        exhaustive = tune(workload, args, space, db, sampler="brute-force", trials=trials, seed=0,
+                          study=f"{key}-grid", verbose=True)
+        exhaustive["overhead"] = (exhaustive["wall_s"] - exhaustive["trial_s"]) / exhaustive["trial_s"] \
+            if exhaustive["trial_s"] else None
     print(f"  grid best {exhaustive['best']:,.1f} {exhaustive['metric']} ({exhaustive['speedup']:.2f}x baseline); "
           f"wall {exhaustive['wall_s']:.0f} s for {exhaustive['trial_s']:.0f} s of trials", flush=True)
     budget = max(2, math.ceil(BUDGET_FRACTION * n))
@@ -119,7 +127,7 @@ def bench_preset(key: str, quick: bool, seeds: int, db: str) -> dict[str, Any]:
     for seed in range(seeds):
         for sampler in SAMPLERS:
             r = tune(workload, args, space, db, sampler=sampler, trials=budget, seed=seed,
-                     study=f"{key}-{sampler}-s{seed}", verbose=False)
+                     study=f"{key}-{sampler}-s{seed}-{run_tag}", verbose=False)
             r["ratio"] = r["best"] / exhaustive["best"] if r["best"] and exhaustive["best"] else 0.0
             runs.append(r)
             print(f"  seed {seed} {sampler}: {r['ratio']:.1%} of the grid's best in {r['configurations']} "
@@ -129,6 +137,14 @@ def bench_preset(key: str, quick: bool, seeds: int, db: str) -> dict[str, Any]:
             "baseline_in_grid": base_in_grid, "budget": budget, "exhaustive": exhaustive, "runs": runs,
             "median_ratio": medians, "met": {"ratio": medians["tpe"] >= GOAL_RATIO,
                                              "overhead": (exhaustive["overhead"] or 0.0) <= GOAL_OVERHEAD}}
+
+
+def _pct(x: float | None) -> str:
+    return f"{x:.1%}" if x is not None else "n/a"
+
+
+def _ratio(run: dict[str, Any] | None) -> str:
+    return _pct(run["ratio"]) if run else "n/a"
 
 
 def _knobs(config: dict[str, Any] | None) -> str:
@@ -149,27 +165,29 @@ def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
              f"overhead {overhead} (goal <= {GOAL_OVERHEAD:.0%}: {'met' if p['met']['overhead'] else 'NOT met'}) |",
              "", f"Budget {p['budget']} configurations ({BUDGET_FRACTION:.0%} of the grid, baseline included); "
              "best found / grid best:", "",
-             "| seed | TPE | TPE's best | random | random's best |", "|---|---|---|---|---|"]
+             "| seed | tuner (screen, then TPE) | its best | TPE alone | random | random's best |",
+             "|---|---|---|---|---|---|"]
     by = {(r["seed"], r["sampler"]): r for r in p["runs"]}
     for seed in sorted({r["seed"] for r in p["runs"]}):
-        t, r = by[(seed, "tpe")], by[(seed, "random")]
-        lines.append(f"| {seed} | {t['ratio']:.1%} | {_knobs(t['best_config'])} | {r['ratio']:.1%} | "
-                     f"{_knobs(r['best_config'])} |")
+        t, plain, r = (by.get((seed, s)) for s in SAMPLERS)
+        lines.append(f"| {seed} | {_ratio(t)} | {_knobs(t and t['best_config'])} | {_ratio(plain)} | {_ratio(r)} | "
+                     f"{_knobs(r and r['best_config'])} |")
     m = p["median_ratio"]
-    lines += [f"| **median** | **{m['tpe']:.1%}** | | **{m['random']:.1%}** | |", "",
-              f"TPE reaches >= {GOAL_RATIO:.0%} of the grid's best (median): "
+    lines += [f"| **median** | **{m['tpe']:.1%}** | | **{_pct(m.get('tpe-plain'))}** | **{_pct(m.get('random'))}** | |", "",
+              f"The tuner reaches >= {GOAL_RATIO:.0%} of the grid's best (median): "
               f"{'met' if p['met']['ratio'] else 'NOT met'}.", ""]
     return lines
 
 
 def markdown(res: dict[str, Any]) -> str:
-    lines = ["## Tuner", "", f"`{res['command']}`, run {res['started']} on {res['machine']}; "
+    lines = ["## Tuner (issue 4)", "", f"`{res['command']}`, run {res['started']} on {res['machine']}; "
              f"{res['seeds']} seeds; each trial warm-up 2 steps, then >= 5 steps and >= 1.5 s.", "",
              "Each grid is measured once by a brute-force study; the seeded TPE and random studies on the same "
              "store reuse those measurements (same workload, hardware and software fingerprint), so they compare "
-             "the samplers on identical numbers. TPE here is Optuna's with min(5, max(2, budget // 4)) "
-             "random start-up trials (advisor/tune/driver.py), and the "
-             "baseline is always the first of the budget.", ""]
+             "the samplers on identical numbers. The tuner's default sampler screens each knob against the "
+             "baseline, measures the baseline with every winning change, then hands over to TPE "
+             "(advisor/tune/screening.py); TPE alone is Optuna's with min(5, max(2, budget // 4)) random "
+             "start-up trials (advisor/tune/driver.py). The baseline is always the first of the budget.", ""]
     for key, p in res["presets"].items():
         lines += _md_preset(key, p)
     return "\n".join(lines)
@@ -178,7 +196,9 @@ def markdown(res: dict[str, Any]) -> str:
 def _machine() -> str:
     import torch
 
-    return f"{platform.node() and 'vm'} ({len(os.sched_getaffinity(0))} CPUs, torch {torch.__version__})"
+    from advisor.hardware.sysinfo import cpu_model_name
+
+    return f"{platform.node() and 'vm'} ({len(os.sched_getaffinity(0))} CPUs: {cpu_model_name()}, torch {torch.__version__})"
 
 
 def main() -> int:
@@ -186,6 +206,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the small grids and 2 seeds (a validation run)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per sampler (default 5; 2 with --quick)")
     ap.add_argument("--presets", default=",".join(PRESETS), help=f"comma-separated: {', '.join(PRESETS)}")
+    ap.add_argument("--keep-grids", action="store_true",
+                    help="keep the store and the grids an earlier run measured (rerun the samplers only); "
+                         "presets not named keep their earlier results")
     args = ap.parse_args()
     keys = [k for k in args.presets.split(",") if k]
     unknown = [k for k in keys if k not in PRESETS]
@@ -197,15 +220,21 @@ def main() -> int:
     os.environ["ADVISOR_DATA_DIR"] = data_dir
     RESULTS.mkdir(parents=True, exist_ok=True)
     db_path = RESULTS / ("tune-quick.db" if args.quick else "tune.db")
-    db_path.unlink(missing_ok=True)  # a fresh store: the grid must be measured, not reused
     name = "tune-quick" if args.quick else "tune"
+    earlier = json.loads((RESULTS / f"{name}.json").read_text()) if (RESULTS / f"{name}.json").exists() else None
+    if not args.keep_grids or earlier is None:
+        db_path.unlink(missing_ok=True)  # a fresh store: the grid must be measured, not reused
+        earlier = None
     res: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
                            "command": " ".join(["bench/tune_bench.py", *sys.argv[1:]]), "machine": _machine(),
-                           "seeds": seeds, "db": str(db_path.relative_to(ROOT)), "presets": {}}
+                           "seeds": seeds, "db": str(db_path.relative_to(ROOT)),
+                           "presets": dict(earlier["presets"]) if earlier else {}}
     t0 = time.monotonic()
     try:
         for key in keys:
-            res["presets"][key] = bench_preset(key, args.quick, seeds, f"sqlite:///{db_path}")
+            measured = earlier["presets"].get(key, {}).get("exhaustive") if earlier else None
+            res["presets"][key] = bench_preset(key, args.quick, seeds, f"sqlite:///{db_path}",
+                                               time.strftime("%Y%m%d%H%M%S"), measured)
             (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))  # partial results survive a crash
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
