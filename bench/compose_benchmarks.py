@@ -83,7 +83,7 @@ def main() -> int:
     parts = _estimator(RESULTS / "accuracy.md")
     if CALIBRATION.exists():
         parts.append(CALIBRATION.read_text())
-    parts.append(_section(RESULTS / "trials.md", "Measured trials"))  # bench/trial_bench.py
+    parts.append(_section(RESULTS / "trials.md", "Measured trials", notes="trials"))  # bench/trial_bench.py
     parts.append(_tuner())
     parts.append(_section(RESULTS / "api_load.md", "HTTP API under load"))  # bench/api_load.py
     BENCHMARKS.write_text("\n".join(parts))
