@@ -38,6 +38,7 @@ def _no_process_outlives_its_test():
     if left:
         pytest.fail(f"the test left {len(left)} child process(es) running: {[p.name for p in left]}; killed")
 
+
 PG_ENV = "ADVISOR_TEST_POSTGRES_URL"
 
 

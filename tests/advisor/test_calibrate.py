@@ -1,15 +1,43 @@
-"""CPU calibration: the second round of real runs near the predicted largest batch, against real runs."""
+"""CPU calibration: the resident-set fit, and the second round of real runs near the predicted largest
+batch, against real runs."""
 
 from __future__ import annotations
 
 import re
 import statistics
 
+import numpy as np
+import pytest
+
 from advisor.estimate import estimate_memory
+from advisor.estimate.calibrate import _fit
+from advisor.estimate.overhead import CPU_DEFAULT
 from advisor.hardware import get_hardware
 from advisor.measure import MeasureRequest, measure
 
 MB = 1_000_000
+
+
+def test_runs_spanning_little_next_to_their_noise_keep_the_slope_near_the_default() -> None:
+    # Three runs of ~400 MB (noise >= 8 MB each) whose transient bytes span 4 MB: a free fit would
+    # take slope 3 from them, past the bounds; they say next to nothing about it.
+    _, slope, _ = _fit([100 * MB, 102 * MB, 104 * MB], [200 * MB, 206 * MB, 212 * MB], [400 * MB] * 3)
+    assert slope == pytest.approx(CPU_DEFAULT.slope, abs=0.05)
+    # One run: the default's slope, and the intercept puts the fit through the run.
+    intercept, slope, spread = _fit([100 * MB], [250 * MB], [400 * MB])
+    assert slope == CPU_DEFAULT.slope and intercept + slope * 100 * MB == pytest.approx(250 * MB) and spread < 1
+
+
+def test_runs_spanning_far_past_their_noise_give_their_own_slope() -> None:
+    transient = [50 * MB, 100 * MB, 200 * MB, 400 * MB]
+    extra = [90 * MB + 0.7 * t for t in transient]
+    intercept, slope, spread = _fit(transient, extra, [e + 300 * MB for e in extra])
+    assert slope == pytest.approx(0.7, abs=0.02) and intercept == pytest.approx(90 * MB, rel=0.05)
+    # Noise the size of the span (a run strays 60 MB): pulled part of the way toward the default.
+    noisy = [e + d for e, d in zip(extra, (60 * MB, -60 * MB, 60 * MB, -60 * MB))]
+    _, pulled, _ = _fit(transient, noisy, [e + 300 * MB for e in noisy])
+    free = float(np.polyfit(transient, noisy, 1)[0])
+    assert free < pulled < CPU_DEFAULT.slope
 
 
 def test_largest_batch_is_resolved_again_near_itself() -> None:
