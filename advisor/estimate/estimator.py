@@ -152,7 +152,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     calib = None
     do_cal = get_settings().calibrate if calibrate is None else calibrate
     if hw.device_type == "cpu" and hw.is_local and do_cal and used != "analytic":
-        calib, bm = _calibrate(workload, workload_args, req, bm, notes)
+        calib, bm = _calibrate(wl, workload, workload_args, req, bm, notes)
 
     ev = _Evaluator(hw, req, bm, calib)
     predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
@@ -227,21 +227,39 @@ def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: d
         return bm, "measured"
 
 
-def _calibrate(workload: Workload | str, workload_args: dict[str, Any] | None, req: EstimateRequest,
+# Calibrations done in this process, by workload and request: a second estimate of the same request
+# (the API asked again, the tuner pruning, a before/after comparison) reuses the runs rather than
+# repeating them and answering differently by their noise. Bounded: the oldest goes first.
+_CALIBRATIONS: dict[str, tuple[CpuCalibration, BatchModel]] = {}
+CALIBRATIONS_KEPT = 64
+
+
+def _calibrate(wl: Workload, workload: Workload | str, workload_args: dict[str, Any] | None, req: EstimateRequest,
                bm: BatchModel, notes: list[str]) -> tuple[CpuCalibration | None, BatchModel]:
     """Short real runs on this CPU (see calibrate.py); a workload object cannot run in a fresh process."""
     if not isinstance(workload, str):
         notes.append("not calibrated: a workload passed as an object cannot be run in a fresh process")
         return None, bm
+    import json
+
     from advisor.errors import TrialError
     from advisor.estimate.calibrate import calibrate_cpu
+    from advisor.fingerprint import workload_fingerprint
 
-    try:
-        calib, bm = calibrate_cpu(workload, workload_args or {}, req, bm)
-    except TrialError as exc:  # the real step fails here (e.g. no kernel for this dtype): the trace stands alone
-        notes.append(f"not calibrated: {exc}")
-        return None, bm
-    notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}: "
+    key = json.dumps([workload, workload_args or {}, workload_fingerprint(wl), req.model_dump(mode="json")],
+                     sort_keys=True, default=str)
+    reused = key in _CALIBRATIONS
+    if not reused:
+        try:
+            _CALIBRATIONS[key] = calibrate_cpu(workload, workload_args or {}, req, bm)
+        except TrialError as exc:  # the real step fails here (e.g. no kernel for this dtype): the trace stands alone
+            notes.append(f"not calibrated: {exc}")
+            return None, bm
+        while len(_CALIBRATIONS) > CALIBRATIONS_KEPT:
+            del _CALIBRATIONS[next(iter(_CALIBRATIONS))]
+    calib, bm = _CALIBRATIONS[key]
+    notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}"
+                 f"{' (runs of an earlier estimate in this process)' if reused else ''}: "
                  f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps that clear)")
     if calib.used_real_traces:
         notes.append("real kernels allocate differently from the fake trace here (e.g. a workspace): "

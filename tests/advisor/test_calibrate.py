@@ -65,3 +65,13 @@ def test_no_second_round_when_the_cap_is_this_hosts_memory() -> None:
     est = estimate_memory("tiny-mlp", "cpu", 64, calibrate=True, measured=False)
     assert est.calibrated
     assert not any("re-solved" in n for n in est.notes), est.notes
+
+
+def test_a_second_estimate_of_the_same_request_reuses_the_calibration_runs() -> None:
+    first = estimate_memory("tiny-mlp", "cpu", 48, calibrate=True, measured=False)
+    again = estimate_memory("tiny-mlp", "cpu", 48, calibrate=True, measured=False)
+    other = estimate_memory("tiny-mlp", "cpu", 40, calibrate=True, measured=False)
+    assert first.calibrated and again.calibrated and other.calibrated
+    assert any("runs of an earlier estimate in this process" in n for n in again.notes), again.notes
+    assert again.total_bytes == first.total_bytes and again.seconds < first.seconds
+    assert not any("earlier estimate" in n for n in first.notes + other.notes)  # another batch: its own runs
