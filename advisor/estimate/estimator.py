@@ -31,6 +31,10 @@ RECALIBRATE_HOST_SHARE = 0.3
 # Another round runs where the re-solved answer moved more than this share away from the batch the
 # round ran at, up to NEAR_ROUNDS rounds in all.
 NEAR, NEAR_ROUNDS = 0.1, 3
+# ... and never this many times past the largest batch already run: an answer that far out comes
+# from a batch model that barely grows (it has happened: bf16 traces at 2 and 4 extrapolating to
+# a flat curve), and a real run there could take the host's memory.
+NEAR_REACH = 64
 
 
 def _resolve(workload: Workload | str, hardware: HardwareSpec | str, workload_args: dict[str, Any] | None):
@@ -300,6 +304,7 @@ def _max_batch_near(ev: _Evaluator, workload: Workload | str, workload_args: dic
     when no second round ran (see calibrate.py)."""
     import os
 
+    from advisor.errors import TrialError
     from advisor.estimate.calibrate import Calibration, recalibrate_near
 
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -309,7 +314,15 @@ def _max_batch_near(ev: _Evaluator, workload: Workload | str, workload_args: dic
             break
         if ev.predicted_total(answer) > RECALIBRATE_HOST_SHARE * host:
             break
-        calib = recalibrate_near(workload, workload_args or {}, ev.req, ev.bm, ev.calib, answer)
+        if answer > NEAR_REACH * max(ev.calib.batches):
+            notes.append(f"largest batch {answer} not checked with real runs: over {NEAR_REACH}x the largest batch run "
+                         f"({max(ev.calib.batches)}), too far to trust what a run there would cost")
+            break
+        try:
+            calib = recalibrate_near(workload, workload_args or {}, ev.req, ev.bm, ev.calib, answer)
+        except TrialError as exc:  # a run there failed (out of memory, say): the answer so far stands
+            notes.append(f"largest batch {answer} not re-solved: a real run near it failed: {exc}")
+            break
         if calib is None:
             break
         ev = _Evaluator(ev.hw, ev.req, ev.bm, calib)
