@@ -12,7 +12,6 @@ bench/notes/<section>.md and are appended after it.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -67,8 +66,6 @@ def _estimator(acc: Path) -> list[str]:
     parts = [HEADER.read_text().strip() + "\n"]
     if acc.exists():
         run = acc.read_text().splitlines()[2]
-        # the snapshot folder is a path on the benchmarking machine: keep only the source hash
-        run = re.sub(r"advisor sources: \S+ \(git [^,]*,", "advisor sources: a snapshot of the tree (source", run)
         parts.append("### Run\n\n" + run.replace("(in progress)", "(stopped there)") + "\n")
     parts.append(_section(acc, "Summary"))
     parts.append(_section(acc, "Cases"))

@@ -259,7 +259,9 @@ def source_fingerprint() -> dict[str, Any]:
     snap = pkg.parent / "SNAPSHOT_HEAD"  # a copy of the tree taken to run on while others edit the sources
     if git_head is None and snap.exists():
         git_head = snap.read_text().strip()[:9] + " + SNAPSHOT.diff"
-    return {"advisor_dir": str(pkg), "sha256": h.hexdigest()[:16], "git_head": git_head}
+    # the checkout's own package by its relative path: a results file names no path of the machine it ran on
+    where = str(pkg.relative_to(ROOT)) if pkg.is_relative_to(ROOT) else f"a copy of the tree ({pkg.name})"
+    return {"advisor_dir": where, "sha256": h.hexdigest()[:16], "git_head": git_head}
 
 
 def _atomic_write(path: Path, text: str) -> None:
