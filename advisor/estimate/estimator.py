@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -15,6 +16,7 @@ from advisor.estimate.refine import Refinement, refine
 from advisor.estimate.roofline import step_time
 from advisor.estimate.strategy import peak_breakdown, persistent_transient, scaled_curve
 from advisor.estimate.trace import Trace, trace_training
+from advisor.fingerprint import workload_fingerprint
 from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
 
@@ -153,15 +155,17 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     if bm.trace_a.sized_kernels:
         notes.append(f"kernel scratch and workspaces sized by running {bm.trace_a.sized_kernels} oneDNN op shape(s) "
                      "once on zeros on this CPU (fake ops report none)")
+    # the calibration cache and the measured peaks both key on it; it builds the model on meta: once
+    fingerprint = functools.cache(functools.partial(workload_fingerprint, wl))
     calib = None
     do_cal = get_settings().calibrate if calibrate is None else calibrate
     if hw.device_type == "cpu" and hw.is_local and do_cal and used != "analytic":
-        calib, bm = _calibrate(wl, workload, workload_args, req, bm, notes)
+        calib, bm = _calibrate(fingerprint, workload, workload_args, req, bm, notes)
 
     ev = _Evaluator(hw, req, bm, calib)
     predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
     if measured:
-        ev.refined = _measured_refinement(wl, hw, req, compile_mode, predicts, measured, ev.predicted_total)
+        ev.refined = _measured_refinement(fingerprint, hw, req, compile_mode, predicts, measured, ev.predicted_total)
         if ev.refined is not None:
             notes.append(ev.refined.note())
     tr, allocated, parts, ov = ev.at(batch)
@@ -238,8 +242,8 @@ _CALIBRATIONS: dict[str, tuple[CpuCalibration, BatchModel]] = {}
 CALIBRATIONS_KEPT = 64
 
 
-def _calibrate(wl: Workload, workload: Workload | str, workload_args: dict[str, Any] | None, req: EstimateRequest,
-               bm: BatchModel, notes: list[str]) -> tuple[CpuCalibration | None, BatchModel]:
+def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workload_args: dict[str, Any] | None,
+               req: EstimateRequest, bm: BatchModel, notes: list[str]) -> tuple[CpuCalibration | None, BatchModel]:
     """Short real runs on this CPU (see calibrate.py); a workload object cannot run in a fresh process."""
     if not isinstance(workload, str):
         notes.append("not calibrated: a workload passed as an object cannot be run in a fresh process")
@@ -248,9 +252,8 @@ def _calibrate(wl: Workload, workload: Workload | str, workload_args: dict[str, 
 
     from advisor.errors import TrialError
     from advisor.estimate.calibrate import calibrate_cpu
-    from advisor.fingerprint import workload_fingerprint
 
-    key = json.dumps([workload, workload_args or {}, workload_fingerprint(wl), req.model_dump(mode="json")],
+    key = json.dumps([workload, workload_args or {}, fingerprint(), req.model_dump(mode="json")],
                      sort_keys=True, default=str)
     reused = key in _CALIBRATIONS
     if not reused:
@@ -277,14 +280,13 @@ def _decoder_params(wl: Workload) -> int:
     return decoder_param_count(wl.decoder)
 
 
-def _measured_refinement(wl: Workload, hw: HardwareSpec, req: EstimateRequest, compile_mode: str, predicts: str,
+def _measured_refinement(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest, compile_mode: str, predicts: str,
                          measured: bool | MeasuredPeaks, predicted: Callable[[int], int]) -> Refinement | None:
     """The store I/O at the estimator's edge: this configuration's measured peaks, fitted (refine.py).
 
     A CPU's measured resident sets describe only the host they ran on, so a CPU target uses them
     only when it is this machine; a GPU's carry over to devices of the same catalog model.
     """
-    from advisor.fingerprint import workload_fingerprint
     from advisor.peaks import default_peaks, device_key, point_key, request_knobs
 
     if hw.device_type == "cpu" and not hw.is_local:
@@ -292,7 +294,7 @@ def _measured_refinement(wl: Workload, hw: HardwareSpec, req: EstimateRequest, c
     store = default_peaks() if measured is True else measured
     if not store.may_hold_points():
         return None
-    key = point_key(workload_fingerprint(wl), device_key(hw), request_knobs(req, hw.world_size, compile_mode, predicts))
+    key = point_key(fingerprint(), device_key(hw), request_knobs(req, hw.world_size, compile_mode, predicts))
     return refine([(p.batch_size, p.peak_bytes) for p in store.points(key)], predicted)
 
 
