@@ -51,6 +51,9 @@ class MeasureResult(BaseModel):
     baseline_rss_bytes: int | None = None
     alloc_peak_bytes: int | None = Field(default=None, description="Exact peak of live tensor bytes (bytes).")
     cuda_reserved_bytes: int | None = Field(default=None, description="mode 'cuda': max_memory_reserved (bytes).")
+    cuda_context_bytes: int | None = Field(
+        default=None, description="mode 'cuda': device memory this process holds outside the caching allocator (the "
+        "context, kernels, library handles), from NVML, after the steps (bytes); None where NVML cannot say.")
     seconds: float
 
 
@@ -72,6 +75,23 @@ def _to_device(batch: Any, device: str) -> Any:
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda x: x.to(device, non_blocking=True) if hasattr(x, "to") else x, batch)
+
+
+def _nvml_bytes_of_this_process() -> int | None:
+    """Device memory NVML counts for this process, over the GPUs it sees (bytes), or None."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            held = [int(proc.usedGpuMemory) for i in range(pynvml.nvmlDeviceGetCount())
+                    for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))
+                    if proc.pid == os.getpid() and proc.usedGpuMemory]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML, or a driver that hides per-process figures
+        return None
+    return sum(held) if held else None
 
 
 def _run(req: MeasureRequest) -> MeasureResult:
@@ -111,8 +131,11 @@ def _run(req: MeasureRequest) -> MeasureResult:
         torch.cuda.reset_peak_memory_stats()
         steps()
         torch.cuda.synchronize()
+        held = _nvml_bytes_of_this_process()
         return MeasureResult(request=req, alloc_peak_bytes=torch.cuda.max_memory_allocated(),
-                             cuda_reserved_bytes=torch.cuda.max_memory_reserved(), seconds=time.perf_counter() - t0)
+                             cuda_reserved_bytes=torch.cuda.max_memory_reserved(),
+                             cuda_context_bytes=None if held is None else held - torch.cuda.memory_reserved(),
+                             seconds=time.perf_counter() - t0)
     if req.mode == "rss":
         mark_peak()
         base = current_rss()

@@ -5,10 +5,13 @@ of at most 1 MiB come from 2 MiB segments (small pool); larger ones from 20 MiB 
 at most 10 MiB, else from a segment rounded up to 2 MiB; a free block is cached and reused
 best-fit within its pool and split when the rest is large enough; nothing returns to the driver
 without empty_cache(). max_memory_allocated counts rounded blocks; max_memory_reserved counts
-segments. The CUDA context lives outside both (see RUNTIME_BYTES).
+segments. Freed blocks merge with free neighbours in their segment. The CUDA context lives outside
+both (see RUNTIME_BYTES).
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left, insort
 
 import numpy as np
 
@@ -21,8 +24,26 @@ ROUND_LARGE = 2 * MB
 MIN_BLOCK = 512
 
 # CUDA context, kernels and cuBLAS/cuDNN handles outside the caching allocator, per device
-# (bytes). Reported sizes range 300-600 MiB with CUDA 12 lazy module loading; not measured here.
-RUNTIME_BYTES = 500 * MB
+# (bytes). Measured (NVML's memory for the process less memory_reserved, after three training
+# steps; bench/estimate_accuracy_cuda.py) on an H100 80GB HBM3, driver 580.159, torch 2.11+cu130:
+# 630-758 MiB over 21 cases, 758 for most (cuDNN loaded). Taken at the top: it decides what fits.
+RUNTIME_BYTES = 760 * MB
+
+
+# cuBLAS workspaces: torch gives each (thread, stream) a cuBLAS handle with a workspace taken from
+# the caching allocator and kept for the process's life, and a training step uses two threads (the
+# forward's and autograd's backward). Size per handle, torch's default (CublasHandlePool.cpp,
+# CUBLAS_WORKSPACE_CONFIG unset): 32 MiB on compute capability 9.0 and later, else 4096 KiB x 2 +
+# 16 KiB x 8. Measured on an H100 (bench/estimate_accuracy_cuda.py): max_memory_allocated exceeded
+# the traced peak by 61-68 MB for the transformers and the recommender, 2 x 32 MiB = 67 MB.
+CUBLAS_HANDLES = 2
+HOPPER_OR_LATER = frozenset({"h100-sxm", "h100-pcie", "h200", "b200"})
+
+
+def cublas_workspace_bytes(accelerator: str) -> int:
+    """Bytes of cuBLAS workspace a training step leaves allocated on a device of this catalog key."""
+    per_handle = 32 * MB if accelerator in HOPPER_OR_LATER else 4096 * KB * 2 + 16 * KB * 8
+    return CUBLAS_HANDLES * per_handle
 
 
 def _round(n: int) -> int:
@@ -42,37 +63,69 @@ def _should_split(rest: int, small: bool) -> bool:
 
 
 def simulate_cuda(sizes: np.ndarray, ids: np.ndarray) -> tuple[int, int]:
-    """(peak allocated, peak reserved) bytes for (+size, id) allocations and (-size, id) frees."""
-    free_blocks: dict[bool, list[int]] = {True: [], False: []}  # pool -> sizes of cached free blocks
-    live: dict[int, tuple[bool, int]] = {}
-    allocated = reserved = peak_alloc = peak_res = 0
+    """(peak allocated, peak reserved) bytes for (+size, id) allocations and (-size, id) frees.
+
+    Blocks live at offsets inside segments. A request takes the smallest cached free block of its
+    pool that is large enough (lowest address among equals), split when the rest is large enough; a
+    freed block merges with free neighbours in its segment, so later larger requests can reuse the
+    room of several small ones, as the real allocator's free_block() does.
+    """
+    free: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}  # pool -> sorted (size, segment, offset)
+    blocks: dict[tuple[int, int], list] = {}  # (segment, offset) -> [size, is_free, small]
+    ends: dict[tuple[int, int], int] = {}  # (segment, end offset) -> start offset
+    live: dict[int, tuple[int, int]] = {}  # id -> (segment, offset)
+    segments = allocated = reserved = peak_alloc = peak_res = 0
+
+    def add_block(seg: int, off: int, size: int, is_free: bool, small: bool) -> None:
+        blocks[(seg, off)] = [size, is_free, small]
+        ends[(seg, off + size)] = off
+        if is_free:
+            insort(free[small], (size, seg, off))
+
+    def drop_block(seg: int, off: int) -> list:
+        blk = blocks.pop((seg, off))
+        del ends[(seg, off + blk[0])]
+        if blk[1]:
+            pool = free[blk[2]]
+            del pool[bisect_left(pool, (blk[0], seg, off))]
+        return blk
+
     for size, key in zip(sizes.tolist(), ids.tolist()):
         if size <= 0:
-            if key in live:
-                small, block = live.pop(key)
-                free_blocks[small].append(block)
-                allocated -= block
+            where = live.pop(key, None)
+            if where is None:
+                continue
+            seg, off = where
+            blk_size, _, small = drop_block(seg, off)
+            allocated -= blk_size
+            # merge with the free neighbours on either side
+            nxt = blocks.get((seg, off + blk_size))
+            if nxt is not None and nxt[1]:
+                blk_size += drop_block(seg, off + blk_size)[0]
+            prev_off = ends.get((seg, off))
+            if prev_off is not None and blocks[(seg, prev_off)][1]:
+                blk_size += drop_block(seg, prev_off)[0]
+                off = prev_off
+            add_block(seg, off, blk_size, True, small)
             continue
-        block = _round(size)
-        small = block <= SMALL_SIZE
-        pool = free_blocks[small]
-        fits = [b for b in pool if b >= block]
-        if fits:
-            best = min(fits)
-            pool.remove(best)
-            if _should_split(best - block, small):
-                pool.append(best - block)
-            else:
-                block = best
+        want = _round(size)
+        small = want <= SMALL_SIZE
+        pool = free[small]
+        i = bisect_left(pool, (want, -1, -1))
+        if i < len(pool):
+            have, seg, off = pool[i]
+            drop_block(seg, off)
         else:
-            seg = _segment(block)
-            reserved += seg
-            if seg - block > 0 and _should_split(seg - block, small):
-                pool.append(seg - block)
-            else:
-                block = seg
-        live[key] = (small, block)
-        allocated += block
+            have, seg, off = _segment(want), segments, 0
+            segments += 1
+            reserved += have
+        if _should_split(have - want, small):
+            add_block(seg, off + want, have - want, True, small)
+        else:
+            want = have
+        add_block(seg, off, want, False, small)
+        live[key] = (seg, off)
+        allocated += want
         peak_alloc = max(peak_alloc, allocated)
         peak_res = max(peak_res, reserved)
     return peak_alloc, peak_res

@@ -11,6 +11,7 @@ from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.errors import EstimateError, SpecError
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import Breakdown, EstimateRequest, MemoryEstimate
+from advisor.estimate.cuda_alloc import cublas_workspace_bytes
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
 from advisor.estimate.refine import Refinement, refine
 from advisor.estimate.roofline import step_time
@@ -67,7 +68,10 @@ class _Evaluator:
             parts["temporaries"] += hidden
             ov = cpu_overhead(allocated, persistent, transient + hidden, self.calib)
         else:
-            ov = cuda_overhead(tr, allocated)
+            workspace = cublas_workspace_bytes(self.hw.accelerator.name)
+            ov = cuda_overhead(tr, allocated, workspace)
+            allocated += workspace
+            parts["temporaries"] += workspace
         return tr, allocated, parts, ov
 
     def predicted_total(self, b: int) -> int:
@@ -107,9 +111,18 @@ def _strategies(hw: HardwareSpec) -> list[Strategy]:
     return [Strategy.single] if hw.world_size == 1 else list(Strategy)
 
 
-def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool) -> BatchModel:
+def _trace_impl(req: EstimateRequest, device_type: str) -> str | None:
+    """The optimizer implementation the target runs. The trace runs on the CPU, where torch's default
+    is the per-parameter loop; on CUDA its default is foreach, whose ops allocate every parameter's
+    intermediate at once (one extra copy of the parameters or more at the step's peak)."""
+    if req.optimizer_impl is None and device_type == "cuda":
+        return "foreach"
+    return req.optimizer_impl
+
+
+def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu") -> BatchModel:
     kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
-              fused_backward=req.fused_backward, optimizer_impl=req.optimizer_impl, cpu_workspaces=cpu)
+              fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu)
 
     def retrace(b: int, flops: bool = True) -> Trace:
         return trace_training(wl, b, count_flops=flops, **kw)
@@ -151,7 +164,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     usable = int(hw.memory_per_device_bytes * (1 - margin))
 
     bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes,
-                                   cpu=hw.device_type == "cpu" and hw.is_local)
+                                   cpu=hw.device_type == "cpu" and hw.is_local, device_type=hw.device_type)
     if bm.trace_a.sized_kernels:
         notes.append(f"kernel scratch and workspaces sized by running {bm.trace_a.sized_kernels} oneDNN op shape(s) "
                      "once on zeros on this CPU (fake ops report none)")
@@ -211,7 +224,8 @@ def _make_request(hw: HardwareSpec, batch: int, **knobs: Any) -> EstimateRequest
 
 
 def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: dict[str, Any] | None,
-                        req: EstimateRequest, method: str, notes: list[str], cpu: bool) -> tuple[BatchModel, str]:
+                        req: EstimateRequest, method: str, notes: list[str], cpu: bool,
+                        device_type: str = "cpu") -> tuple[BatchModel, str]:
     """Formulas, a fake-tensor trace, or (untraceable model) real-tensor traces at batch 1 and 2."""
     from advisor.settings import get_settings
 
@@ -223,7 +237,7 @@ def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: d
         return BatchModel(a=req.batch_size, trace_a=analytic_trace(wl, req.batch_size, req),
                           retrace=lambda b: analytic_trace(wl, b, req)), "analytic"
     try:
-        return _batch_model(wl, req, cpu), "traced"
+        return _batch_model(wl, req, cpu, device_type), "traced"
     except EstimateError as exc:
         if not isinstance(workload, str):
             raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "

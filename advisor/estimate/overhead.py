@@ -72,10 +72,14 @@ def cpu_overhead(allocated: int, persistent: int, transient: int, calib: CpuCali
 SYNTHETIC_RESERVED_RATIO = 1.05
 
 
-def cuda_overhead(trace: Trace, allocated: int) -> Overhead:
+def cuda_overhead(trace: Trace, allocated: int, workspace: int = 0) -> Overhead:
+    """`allocated`: the traced live peak for the strategy; `workspace`: library workspaces that the
+    trace does not see and that stay allocated (cuBLAS's), each in a segment of its own."""
     if trace.synthetic:
-        return Overhead(total=int(allocated * SYNTHETIC_RESERVED_RATIO), allocated=allocated, runtime=RUNTIME_BYTES)
+        return Overhead(total=int(allocated * SYNTHETIC_RESERVED_RATIO) + workspace, allocated=allocated + workspace,
+                        runtime=RUNTIME_BYTES)
     peak_alloc, peak_res = simulate_cuda(trace.sizes, trace.ids)
     # Rounding and caching grow the single-device figures; apply the same ratio to the strategy's.
     scale = allocated / trace.peak_bytes if trace.peak_bytes else 1.0
-    return Overhead(total=int(peak_res * scale), allocated=int(peak_alloc * scale), runtime=RUNTIME_BYTES)
+    return Overhead(total=int(peak_res * scale) + workspace, allocated=int(peak_alloc * scale) + workspace,
+                    runtime=RUNTIME_BYTES)

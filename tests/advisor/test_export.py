@@ -25,7 +25,9 @@ WORKLOAD = "tiny-mlp"
 def _run(src: str, tmp_path: Path, steps: int, launch: str | None = None) -> str:
     script = tmp_path / "train.py"
     script.write_text(src)
-    env = dict(os.environ, STEPS=str(steps), PYTHONPATH=str(ROOT))
+    # the checkout first, then whatever the caller's PYTHONPATH holds (where the dependencies may live)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, STEPS=str(steps), PYTHONPATH=path)
     cmd = launch or f"{sys.executable} train.py"
     proc = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
