@@ -32,6 +32,10 @@ IMAGE = ("resnet18", {"image_size": 64, "classes": 100, "decode_cost_ms": 4.0, "
 TRANSFORMER = ("tiny-gpt2", {"seq_len": 256, "vocab": 8192, "num_samples": 4096})
 SMALL = ("mlp", {})
 REPEAT_THREADS = max(1, len(os.sched_getaffinity(0)) - 1)
+# --device cuda: the same parts on the local GPU, at sizes that give a GPU work to do.
+CUDA_IMAGE = ("resnet18", {"image_size": 224, "classes": 1000, "decode_cost_ms": 4.0, "num_samples": 8192})
+CUDA_TRANSFORMER = ("gpt2-small", {"seq_len": 512, "num_samples": 4096})
+HARDWARE = "cpu"  # "local" with --device cuda
 
 
 def _row(r) -> dict:
@@ -48,8 +52,9 @@ def overhead(n: int) -> dict:
     """n eager trials of a small preset after one that starts the fork server (reported apart)."""
     budget = TrialBudget(warmup_steps=2, min_steps=5, min_time_s=1.0)
     name, args = SMALL
-    first = run_trial(name, {"batch_size": 64}, hardware="cpu", workload_args=args, budget=budget)
-    rows = [_row(run_trial(name, {"batch_size": 64}, hardware="cpu", workload_args=args, budget=budget)) for _ in range(n)]
+    first = run_trial(name, {"batch_size": 64}, hardware=HARDWARE, workload_args=args, budget=budget)
+    rows = [_row(run_trial(name, {"batch_size": 64}, hardware=HARDWARE, workload_args=args, budget=budget))
+            for _ in range(n)]
     med = statistics.median(r["overhead_s"] for r in rows)
     harness = statistics.median(r["overhead_s"] - r["build_s"] for r in rows)
     return {"first_trial": _row(first), "trials": rows, "median_overhead_s": med, "median_harness_s": harness,
@@ -63,15 +68,20 @@ REPEATS = (("tiny-gpt2", TRANSFORMER[1], 16, "compute-bound: the goal's preset")
            ("mlp", {}, 128, "memory-bandwidth-bound: shown for contrast"))
 
 
-def repeat(n: int) -> dict:
+CUDA_REPEATS = (("gpt2-small", CUDA_TRANSFORMER[1], 16, "compute-bound on the GPU: the goal's preset"),
+                ("resnet18", {"image_size": 224, "num_samples": 8192}, 128, "no decode cost: shown for contrast"))
+
+
+def repeat(n: int, cuda: bool = False) -> dict:
     """Each of REPEATS n times, one fresh process each: coefficient of variation of samples/s."""
     budget = TrialBudget(warmup_steps=3, min_steps=20, min_time_s=4.0)
     out = []
-    for name, args, batch, role in REPEATS:
+    for name, args, batch, role in (CUDA_REPEATS if cuda else REPEATS):
         # threads=1 on this 2-core VM: the second core absorbs the OS and the harness, so the repeats
         # measure the config rather than whatever else the machine did at the time
-        rows = [_row(run_trial(name, {"batch_size": batch, "threads": REPEAT_THREADS}, hardware="cpu",
-                               workload_args=args, budget=budget, estimate=False)) for _ in range(n)]
+        knobs = {"batch_size": batch} if cuda else {"batch_size": batch, "threads": REPEAT_THREADS}
+        rows = [_row(run_trial(name, knobs, hardware=HARDWARE, workload_args=args, budget=budget, estimate=False))
+                for _ in range(n)]
         xs = [r["samples_per_s"] or 0.0 for r in rows]
         cv = statistics.stdev(xs) / statistics.mean(xs) if len(xs) > 1 and statistics.mean(xs) else float("nan")
         out.append({"workload": name, "workload_args": args, "batch_size": batch, "role": role, "trials": rows,
@@ -87,7 +97,7 @@ def grid(preset: tuple[str, dict], axes: dict[str, list], budget: TrialBudget) -
         knobs = dict(zip(keys, values))
         if not knobs.get("num_workers"):
             knobs.pop("persistent_workers", None)
-        r = run_trial(name, knobs, hardware="cpu", workload_args=args, budget=budget)
+        r = run_trial(name, knobs, hardware=HARDWARE, workload_args=args, budget=budget)
         rows.append(_row(r))
         print(f"  {name} {knobs}: {r.status.value} {r.samples_per_s or 0:,.1f} samples/s", flush=True)
     return rows
@@ -113,7 +123,8 @@ def _md_grid(title: str, rows: list[dict], best_of: str = "samples_per_s") -> li
 
 
 def markdown(res: dict) -> str:
-    lines = ["## Measured trials", "", f"Run {res['started']} on {res['machine']}.", ""]
+    title = "## Measured trials on CUDA" if res.get("device") == "cuda" else "## Measured trials"
+    lines = [title, "", f"Run {res['started']} on {res['machine']}.", ""]
     if "overhead" in res:
         o = res["overhead"]
         each = ", ".join(f"{r['overhead_s']:.2f}" for r in o["trials"])
@@ -130,7 +141,8 @@ def markdown(res: dict) -> str:
                   "| preset | batch | threads | samples/s | CV | goal <= 5% |", "|---|---|---|---|---|---|"]
         for rp in res["repeat"]["rows"]:
             xs = ", ".join(f"{r['samples_per_s']:,.1f}" for r in rp["trials"])
-            lines.append(f"| {rp['workload']} ({rp['role']}) | {rp['batch_size']} | {REPEAT_THREADS} | {xs} | "
+            threads = rp["trials"][0]["config"].get("threads", "default")
+            lines.append(f"| {rp['workload']} ({rp['role']}) | {rp['batch_size']} | {threads} | {xs} | "
                          f"{rp['cv']:.1%} | {'met' if rp['met'] else 'NOT met'} |")
         lines.append("")
     for key, title in (("image", "Decode-heavy image preset"), ("transformer", "Small transformer")):
@@ -144,18 +156,38 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: overhead, repeat, grid")
     ap.add_argument("--merge", action="store_true", help="keep the parts of an earlier results file that this run skips")
     ap.add_argument("--quick", action="store_true", help="fewer repeats and a smaller grid")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the trials run on this machine's GPU (hardware 'local'); results in trials-cuda.*")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    res: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
-                 "machine": f"{platform.node() and 'vm'} ({len(os.sched_getaffinity(0))} CPUs, torch "
-                            f"{__import__('torch').__version__})"}
+    import torch
+
+    machine = f"{platform.node() and 'vm'} ({len(os.sched_getaffinity(0))} CPUs, torch {torch.__version__})"
+    if args.device == "cuda":
+        global HARDWARE
+        if not torch.cuda.is_available():
+            print("no CUDA GPU here: --device cuda needs one", file=sys.stderr)
+            return 2
+        HARDWARE = "local"
+        machine = f"{torch.cuda.get_device_name(0)}, {len(os.sched_getaffinity(0))} CPUs, torch {torch.__version__}"
+    res: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:], "device": args.device,
+                 "machine": machine}
     n = 2 if args.quick else 5
     if "overhead" not in skip:
         res["overhead"] = overhead(n)
     if "repeat" not in skip:
-        res["repeat"] = repeat(n)
-    if "grid" not in skip:
+        res["repeat"] = repeat(n, cuda=args.device == "cuda")
+    if "grid" not in skip and args.device == "cuda":
+        budget = TrialBudget(warmup_steps=3, min_steps=10, min_time_s=2.0, timeout_s=300)
+        image_axes = {"batch_size": [64, 256], "num_workers": [0, 4, 8], "persistent_workers": [True],
+                      "pin_memory": [True], "precision": ["fp32", "bf16"]}
+        res["image"] = {"preset": f"{CUDA_IMAGE[0]} {CUDA_IMAGE[1]}", "rows": grid(CUDA_IMAGE, image_axes, budget)}
+        eager = grid(CUDA_TRANSFORMER, {"batch_size": [8, 32], "precision": ["fp32", "tf32", "bf16"]}, budget)
+        compiled = grid(CUDA_TRANSFORMER, {"batch_size": [32], "precision": ["bf16"],
+                                           "compile_mode": ["default", "reduce-overhead"]}, budget)
+        res["transformer"] = {"preset": f"{CUDA_TRANSFORMER[0]} {CUDA_TRANSFORMER[1]}", "rows": eager + compiled}
+    elif "grid" not in skip:
         budget = TrialBudget(warmup_steps=2, min_steps=5, min_time_s=2.0, timeout_s=300)
         image_axes = {"batch_size": [32] if args.quick else [16, 64], "num_workers": [0, 2],
                       "persistent_workers": [True], "precision": ["fp32", "bf16"], "threads": [1, 2]}
@@ -163,10 +195,11 @@ def main() -> int:
         tr_axes = {"batch_size": [8] if args.quick else [8, 32], "precision": ["fp32", "bf16"],
                    "compile_mode": ["none", "default"], "threads": [2]}
         res["transformer"] = {"preset": f"{TRANSFORMER[0]} {TRANSFORMER[1]}", "rows": grid(TRANSFORMER, tr_axes, budget)}
-    if args.merge and (RESULTS / "trials.json").exists():
-        res = {**json.loads((RESULTS / "trials.json").read_text()), **res}
-    (RESULTS / "trials.json").write_text(json.dumps(res, indent=2))
-    (RESULTS / "trials.md").write_text(markdown(res))
+    stem = "trials-cuda" if args.device == "cuda" else "trials"
+    if args.merge and (RESULTS / f"{stem}.json").exists():
+        res = {**json.loads((RESULTS / f"{stem}.json").read_text()), **res}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2))
+    (RESULTS / f"{stem}.md").write_text(markdown(res))
     print(markdown(res))
     return 0
 
