@@ -2,8 +2,14 @@
 
 For almost every model each allocation's size is affine in the batch size (activations scale,
 parameters do not), so two traces at batch sizes a < c give every allocation at any batch b by
-interpolation, and the peak at b without tracing again. When the sequences differ (the model's
-graph depends on the batch), the two traces' peak moments are interpolated instead.
+interpolation, and the peak at b without tracing again: the allocations are matched by their
+place in the allocation order, and replayed in trace a's order of events. (The order of frees
+may differ between the two traces, e.g. when a kernel's path depends on the shape, without
+changing what is allocated.) When the allocations themselves differ (the model's graph depends on
+the batch), each trace's candidate peak moments (its overall peak and the peak of each category:
+activations, temporaries, ...) are interpolated pairwise, and the largest taken: the moment that
+holds the peak at a small batch (often the optimizer step) is not the one at a large batch (the
+end of the forward).
 """
 
 from __future__ import annotations
@@ -29,9 +35,24 @@ class BatchModel:
     exact: dict[int, Trace] = field(default_factory=dict)  # batch sizes traced on their own
 
     @cached_property
-    def affine(self) -> bool:  # computed once: at() runs for every step of the max-batch search
+    def aligned(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(category of each allocation, its size at a, its size at c), when both traces make the same
+        allocations in the same order and free them at the same events; else None. Computed once:
+        at() runs for every step of the max-batch search."""
         ta, tc = self.trace_a, self.trace_c
-        return tc is not None and len(ta.ids) == len(tc.ids) and bool(np.array_equal(ta.ids, tc.ids))
+        if tc is None or len(ta.sizes) != len(tc.sizes):
+            return None
+        alloc = ta.sizes > 0
+        if not np.array_equal(alloc, tc.sizes > 0) or not np.array_equal(ta.ids[alloc], tc.ids[alloc]):
+            return None
+        n = int(ta.ids.max()) + 1 if len(ta.ids) else 0
+        size_a, size_c = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        size_a[ta.ids[alloc]], size_c[tc.ids[alloc]] = ta.sizes[alloc], tc.sizes[alloc]
+        # an allocation's category: the column its event moves in trace a's curve
+        step = np.diff(ta.curve, axis=0, prepend=np.zeros((1, ta.curve.shape[1]), np.int64))
+        label = np.zeros(n, np.int64)
+        label[ta.ids[alloc]] = np.argmax(np.abs(step[alloc]), axis=1)
+        return label, size_a, size_c
 
     def at(self, b: int) -> Trace:
         if b in self.exact:
@@ -40,25 +61,35 @@ class BatchModel:
             return self.trace_a
         if b == self.c and self.trace_c is not None:
             return self.trace_c
-        if not self.affine:
+        if self.aligned is None:
             if self.retrace is not None:
                 return self.retrace(b)
             if self.trace_c is None:
                 raise ValueError("batch model has one trace and cannot retrace")
             return self._peaks_at(b)
-        ta, tc = self.trace_a, self.trace_c
+        ta = self.trace_a
+        label, size_a, size_c = self.aligned
         f = (b - self.a) / (self.c - self.a)
-        sizes = np.rint(ta.sizes + f * (tc.sizes - ta.sizes)).astype(np.int64)
-        curve = np.rint(ta.curve + f * (tc.curve - ta.curve)).astype(np.int64)
+        size = np.maximum(np.rint(size_a + f * (size_c - size_a)), 0).astype(np.int64)
+        sizes = np.where(ta.sizes > 0, size[ta.ids], -size[ta.ids])
+        onehot = np.zeros(ta.curve.shape, np.int64)
+        onehot[np.arange(len(sizes)), label[ta.ids]] = sizes
         # FLOPs scale with the batch (the second trace does not count them, to save time)
-        return replace(ta, sizes=sizes, curve=curve, flops_per_step=int(round(ta.flops_per_step * b / self.a)))
+        return replace(ta, sizes=sizes, curve=np.cumsum(onehot, axis=0),
+                       flops_per_step=int(round(ta.flops_per_step * b / self.a)))
+
+    @staticmethod
+    def _candidates(trace: Trace) -> np.ndarray:
+        """Rows of the curve that may hold the peak at another batch: the overall peak, then each category's."""
+        rows = [int(np.argmax(trace.curve.sum(axis=1)))] + [int(np.argmax(col)) for col in trace.curve.T]
+        return trace.curve[rows]
 
     def _peaks_at(self, b: int) -> Trace:
-        """Two traces whose op sequences differ (data-dependent graphs): interpolate their peak rows."""
+        """Two traces whose allocations differ (data-dependent graphs): interpolate their candidate peak rows."""
         ta, tc = self.trace_a, self.trace_c
-        ra = ta.curve[int(np.argmax(ta.curve.sum(axis=1)))]
-        rc = tc.curve[int(np.argmax(tc.curve.sum(axis=1)))]
         f = (b - self.a) / (self.c - self.a)
-        row = np.maximum(np.rint(ra + f * (rc - ra)), 0).astype(np.int64)[None, :]
+        ra, rc = self._candidates(ta), self._candidates(tc)
+        rows = np.maximum(np.rint(ra + f * (rc - ra)), 0).astype(np.int64)
+        row = rows[int(np.argmax(rows.sum(axis=1)))][None, :]
         return replace(ta, curve=row, sizes=np.asarray([int(row.sum())], np.int64), ids=np.zeros(1, np.int64),
                        synthetic=True)
