@@ -80,7 +80,10 @@ def main() -> int:
     parts = _estimator(RESULTS / "accuracy.md")
     if CALIBRATION.exists():
         parts.append(CALIBRATION.read_text())
+    # bench/estimate_accuracy_cuda.py, on a lent GPU machine
+    parts.append(_section(RESULTS / "accuracy-cuda.md", "Estimator accuracy on CUDA", notes="cuda"))
     parts.append(_section(RESULTS / "trials.md", "Measured trials", notes="trials"))  # bench/trial_bench.py
+    parts.append(_section(RESULTS / "trials-cuda.md", "Measured trials on CUDA", notes="trials-cuda"))
     parts.append(_tuner())
     parts.append(_section(RESULTS / "api_load.md", "HTTP API under load"))  # bench/api_load.py
     BENCHMARKS.write_text("\n".join(parts))
