@@ -208,8 +208,9 @@ def speed_child(kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _child(kind: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), f"--child-{kind}", json.dumps(payload)]
+def _child(kind: str, payload: dict[str, Any], timeout_s: float, script: Path | None = None) -> dict[str, Any]:
+    """Run `script --child-{kind} payload` (this file by default) in a fresh process; its last stdout line as JSON."""
+    cmd = [sys.executable, str(script or Path(__file__).resolve()), f"--child-{kind}", json.dumps(payload)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, cwd=ROOT)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]

@@ -143,18 +143,7 @@ def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, hw, p
 
 def _child_memtracker(wc: WorkloadCase, batch: int, precision: str, optimizer: str) -> dict[str, Any]:
     payload = dict(workload=wc.workload, args=wc.args, batch=batch, precision=precision, optimizer=optimizer)
-    return _child_here("memtracker-cuda", payload, 600.0)
-
-
-def _child_here(kind: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    import subprocess
-
-    cmd = [sys.executable, str(Path(__file__).resolve()), f"--child-{kind}", json.dumps(payload)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, cwd=ROOT)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"{kind} child failed (exit {proc.returncode}): {tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _child("memtracker-cuda", payload, 600.0, script=Path(__file__).resolve())
 
 
 def run_max_batch(mc: MaxBatchCase, hw) -> dict[str, Any]:
