@@ -26,7 +26,7 @@ MIN_BLOCK = 512
 # CUDA context, kernels and cuBLAS/cuDNN handles outside the caching allocator, per device
 # (bytes). Measured (NVML's memory for the process less memory_reserved, after three training
 # steps; bench/estimate_accuracy_cuda.py) on an H100 80GB HBM3, driver 580.159, torch 2.11+cu130:
-# 630-758 MiB over 21 cases, 758 for most (cuDNN loaded). Taken at the top: it decides what fits.
+# 630-758 MiB over 54 cases, 758 for most (cuDNN loaded). Taken at the top: it decides what fits.
 RUNTIME_BYTES = 760 * MB
 
 
