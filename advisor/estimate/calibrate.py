@@ -24,7 +24,7 @@ import numpy as np
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CPU_DEFAULT, CpuCalibration
-from advisor.estimate.strategy import persistent_transient, scaled_curve
+from advisor.estimate.strategy import heap_and_mapped, persistent_transient, scaled_curve
 from advisor.estimate.trace import ACTIVATIONS, INPUTS, Trace, load_trace
 from advisor.measure import MeasureRequest, MeasureResult, measure
 
@@ -139,9 +139,10 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
 
 def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple[tuple[int, int], ...]):
     """(intercept, slope, spread) of resident - persistent = intercept + slope x transient over the runs."""
-    split = [persistent_transient(scaled_curve(req, bm.at(b), 1)) for b, _ in rss]
-    split = [(p, int(t * (1 + ratio))) for p, t in split]
-    return _fit([t for _, t in split], [r - p for (_, r), (p, _) in zip(rss, split)], [r for _, r in rss])
+    split = [heap_and_mapped(scaled_curve(req, bm.at(b), 1), bm.at(b).synthetic) for b, _ in rss]
+    # kernels' hidden buffers join the heap-served part; mapped allocations count once, while live
+    heap = [int(h + ratio * (h + m)) for _, h, m in split]
+    return _fit(heap, [r - p - m for (_, r), (p, _, m) in zip(rss, split)], [r for _, r in rss])
 
 
 def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel, first: Calibration,

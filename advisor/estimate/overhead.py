@@ -6,7 +6,9 @@ stacks and oneDNN buffers. Measured here, that extra grows with the live peak (0
 by model) rather than being a constant, and a replay of the traced allocations through a model
 of glibc's heap explained under a tenth of it (the rest is allocations tensors never see), so
 the CPU resident set is fitted as `persistent + slope x transient + intercept` from short real runs at small
-batch sizes on this CPU (calibrate.py), with the defaults below when no run is allowed.
+batch sizes on this CPU (calibrate.py), with the defaults below when no run is allowed. Transient
+allocations that glibc maps on their own (32 MiB and up) are resident only while live, so they count
+once and apart from the heap-served ones (strategy.heap_and_mapped).
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ class CpuCalibration:
     def formula(self) -> str:
         return f"resident = persistent + {self.slope:.2f} x transient + {self.intercept / MB:.0f} MiB"
 
-    def resident(self, persistent: int, transient: int) -> int:
-        return int(persistent + self.slope * transient + self.intercept)
+    def resident(self, persistent: int, transient: int, mapped: int = 0) -> int:
+        """`transient`: heap-served transient peak; `mapped`: the peak of transient allocations glibc
+        maps on their own (strategy.heap_and_mapped), resident only while they live."""
+        return int(persistent + self.slope * transient + mapped + self.intercept)
 
     def hidden(self, transient: int) -> int:
         """Kernel-internal buffers (oneDNN scratchpads, RNN workspaces) at this transient peak (bytes)."""
@@ -63,8 +67,9 @@ class Overhead:
     runtime: int  # bytes outside the allocator's count (CUDA context) (bytes)
 
 
-def cpu_overhead(allocated: int, persistent: int, transient: int, calib: CpuCalibration | None) -> Overhead:
-    total = max(allocated, (calib or CPU_DEFAULT).resident(persistent, transient))
+def cpu_overhead(allocated: int, persistent: int, transient: int, calib: CpuCalibration | None,
+                 mapped: int = 0) -> Overhead:
+    total = max(allocated, (calib or CPU_DEFAULT).resident(persistent, transient, mapped))
     return Overhead(total=total, allocated=allocated, runtime=0)
 
 

@@ -82,3 +82,26 @@ def persistent_transient(curve: np.ndarray) -> tuple[int, int]:
     mask = np.zeros(curve.shape[1], dtype=bool)
     mask[list(PERSISTENT)] = True
     return int(curve[:, mask].sum(axis=1).max()), int(curve[:, ~mask].sum(axis=1).max())
+
+
+# glibc's malloc maps a request of its own once its chunk is over DEFAULT_MMAP_THRESHOLD_MAX (32 MiB
+# on 64-bit) and unmaps it on free; smaller ones come from the heap once the dynamic threshold has
+# risen past them (it rises to each freed mapped chunk up to that maximum), and a freed heap chunk
+# stays resident. The chunk adds a header and rounds to the page: requests from here up are mapped.
+MMAP_FROM_BYTES = 32 * 1024 * 1024 - 4096
+
+
+def heap_and_mapped(curve: np.ndarray, synthetic: bool = False) -> tuple[int, int, int]:
+    """(persistent peak, transient peak of heap-served allocations, transient peak of mapped ones)
+    (bytes). Freed heap memory stays resident and mapped memory does not, so the two transient
+    parts weigh differently in the resident set. Each event's allocation is the curve's step there;
+    a synthetic curve (peak moments, not events) counts everything as heap-served."""
+    persistent, transient = persistent_transient(curve)
+    if synthetic or len(curve) == 0:
+        return persistent, transient, 0
+    mask = np.zeros(curve.shape[1], dtype=bool)
+    mask[list(PERSISTENT)] = True
+    step = np.diff(curve[:, ~mask].sum(axis=1), prepend=0)
+    mapped_curve = np.cumsum(np.where(np.abs(step) >= MMAP_FROM_BYTES, step, 0))
+    heap_curve = curve[:, ~mask].sum(axis=1) - mapped_curve
+    return persistent, int(heap_curve.max()), int(max(0, mapped_curve.max()))

@@ -75,3 +75,22 @@ def test_a_second_estimate_of_the_same_request_reuses_the_calibration_runs() -> 
     assert any("runs of an earlier estimate in this process" in n for n in again.notes), again.notes
     assert again.total_bytes == first.total_bytes and again.seconds < first.seconds
     assert not any("earlier estimate" in n for n in first.notes + other.notes)  # another batch: its own runs
+
+
+def test_transient_allocations_glibc_maps_are_counted_apart_from_heap_ones():
+    import numpy as np
+
+    from advisor.estimate.strategy import heap_and_mapped
+    from advisor.estimate.trace import ACTIVATIONS, CATEGORY_NAMES, PARAMS
+
+    mib = 1 << 20
+    # a 64 MiB parameter, then a 10 MiB and a 40 MiB activation, freed in turn, then a 20 MiB one
+    steps = [(PARAMS, 64 * mib), (ACTIVATIONS, 10 * mib), (ACTIVATIONS, 40 * mib), (ACTIVATIONS, -40 * mib),
+             (ACTIVATIONS, -10 * mib), (ACTIVATIONS, 20 * mib)]
+    onehot = np.zeros((len(steps), len(CATEGORY_NAMES)), np.int64)
+    for i, (cat, n) in enumerate(steps):
+        onehot[i, cat] = n
+    curve = np.cumsum(onehot, axis=0)
+    # the parameter is persistent whatever its size; of the transient ones only the 40 MiB is mapped
+    assert heap_and_mapped(curve) == (64 * mib, 20 * mib, 40 * mib)
+    assert heap_and_mapped(curve, synthetic=True) == (64 * mib, 50 * mib, 0)
