@@ -148,11 +148,14 @@ def _child_memtracker(wc: WorkloadCase, batch: int, precision: str, optimizer: s
 
 def run_max_batch(mc: MaxBatchCase, hw) -> dict[str, Any]:
     """Ours under a cap (the device's memory set to it, margin 0) vs a bisection of measured reserved peaks."""
+    from advisor.errors import TrialError
     from advisor.estimate.estimator import estimate_memory
     from advisor.measure import MeasureRequest, measure
 
     t0 = time.perf_counter()
-    capped = hw.model_copy(update={"memory_per_device_bytes": mc.cap_bytes})
+    # memory_per_device_bytes is a property of the accelerator's memory: cap that (model_copy would
+    # set a property's name without effect)
+    capped = hw.model_copy(update={"accelerator": hw.accelerator.model_copy(update={"memory_bytes": mc.cap_bytes})})
     est = estimate_memory(mc.workload, capped, mc.hint, precision=mc.precision, optimizer=mc.optimizer,
                           workload_args=mc.args, margin=0.0)
     rec: dict[str, Any] = {"workload": mc.workload, "workload_args": mc.args, "precision": mc.precision,
@@ -162,12 +165,18 @@ def run_max_batch(mc: MaxBatchCase, hw) -> dict[str, Any]:
     # fits total + runtime into the cap; the bisection holds measured reserved peaks to the same
     # room (the cap less the estimate's runtime), so the two answer one question.
 
-    def peak(b: int) -> int:
+    def peak(b: int) -> float:
+        """Measured reserved peak at b; a run that fails (CUDA out of memory past the card) does not fit."""
         if str(b) not in rec["probes"]:
-            r = measure(MeasureRequest(workload=mc.workload, workload_args=mc.args, batch_size=b, precision=mc.precision,
-                                       optimizer=mc.optimizer, mode="cuda"))
-            rec["probes"][str(b)] = int(r.cuda_reserved_bytes)
-        return rec["probes"][str(b)]
+            try:
+                r = measure(MeasureRequest(workload=mc.workload, workload_args=mc.args, batch_size=b,
+                                           precision=mc.precision, optimizer=mc.optimizer, mode="cuda"))
+                rec["probes"][str(b)] = int(r.cuda_reserved_bytes)
+            except TrialError as exc:
+                rec["probes"][str(b)] = None
+                rec["problems"].append(f"batch {b}: {exc}")
+        got = rec["probes"][str(b)]
+        return float("inf") if got is None else got
 
     limit = est.usable_bytes - est.runtime_bytes
     rec["limit_bytes"] = limit

@@ -34,9 +34,10 @@ RECALIBRATE_HOST_SHARE = 0.3
 # Another round runs where the re-solved answer moved more than this share away from the batch the
 # round ran at, up to NEAR_ROUNDS rounds in all.
 NEAR, NEAR_ROUNDS = 0.1, 3
-# ... and never this many times past the largest batch already run: an answer that far out comes
-# from a batch model that barely grows (it has happened: bf16 traces at 2 and 4 extrapolating to
-# a flat curve), and a real run there could take the host's memory.
+# ... and never this many times past the largest batch already run. The host-share bound above
+# trusts the batch model being checked; this one does not: a model that barely grows (it happened,
+# bf16 traces whose frees came in another order, fixed in batchmodel.py) would send a real run to
+# a batch that takes the host's memory.
 NEAR_REACH = 64
 
 

@@ -96,12 +96,14 @@ def heap_and_mapped(curve: np.ndarray, synthetic: bool = False) -> tuple[int, in
     (bytes). Freed heap memory stays resident and mapped memory does not, so the two transient
     parts weigh differently in the resident set. Each event's allocation is the curve's step there;
     a synthetic curve (peak moments, not events) counts everything as heap-served."""
-    persistent, transient = persistent_transient(curve)
-    if synthetic or len(curve) == 0:
-        return persistent, transient, 0
+    if len(curve) == 0:
+        return 0, 0, 0
     mask = np.zeros(curve.shape[1], dtype=bool)
     mask[list(PERSISTENT)] = True
-    step = np.diff(curve[:, ~mask].sum(axis=1), prepend=0)
-    mapped_curve = np.cumsum(np.where(np.abs(step) >= MMAP_FROM_BYTES, step, 0))
-    heap_curve = curve[:, ~mask].sum(axis=1) - mapped_curve
-    return persistent, int(heap_curve.max()), int(max(0, mapped_curve.max()))
+    persistent = int(curve[:, mask].sum(axis=1).max())
+    transient = curve[:, ~mask].sum(axis=1)
+    if synthetic:
+        return persistent, int(transient.max()), 0
+    step = np.diff(transient, prepend=0)
+    mapped = np.cumsum(np.where(np.abs(step) >= MMAP_FROM_BYTES, step, 0))
+    return persistent, int((transient - mapped).max()), int(max(0, mapped.max()))

@@ -4,6 +4,8 @@ the allocations match: the model must still follow every allocation, not only th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -35,7 +37,7 @@ def test_unmatched_allocations_still_grow_with_the_batch():
     # traces whose allocations cannot be matched fall back to candidate moments: at a large batch
     # the forward's activations, not the small batch's optimizer-step peak, must decide
     a, c, far = (_trace("tiny-gpt2", b, Precision.fp32) for b in (2, 4, 64))
-    c = type(c)(**{**c.__dict__, "sizes": c.sizes[:-1], "ids": c.ids[:-1], "curve": c.curve[:-1]})
+    c = replace(c, sizes=c.sizes[:-1], ids=c.ids[:-1], curve=c.curve[:-1])
     bm = BatchModel(a=2, trace_a=a, c=4, trace_c=c)
     assert bm.aligned is None
     got = bm.at(64).curve.sum()
