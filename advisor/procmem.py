@@ -43,3 +43,25 @@ def peak_rss() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def resident_bytes(address: int, nbytes: int) -> int | None:
+    """How many bytes of [address, address + nbytes) are in memory now (the pages mincore(2) says
+    are resident; a page never written since it was mapped is not), or None where mincore is not
+    available. A page partly inside the range counts whole."""
+    import ctypes
+    import ctypes.util
+
+    if nbytes <= 0:
+        return 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = address - address % page
+    pages = (address + nbytes - start + page - 1) // page
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        vec = (ctypes.c_ubyte * pages)()
+        if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * page), vec) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return min(nbytes, sum(v & 1 for v in vec) * page)

@@ -190,11 +190,13 @@ def _floats_to(batch: Any, dtype: torch.dtype) -> Any:
 
 
 def train_step(ctx: StepContext, batch: Any, phase: Callable[[str], None] | None = None, *,
-               loss_scale: float = 1.0, step: bool = True) -> torch.Tensor:
+               loss_scale: float = 1.0, step: bool = True,
+               before_backward: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
     """forward (under autocast where asked), backward, optimizer step, zero_grad(set_to_none).
 
     `phase`, when given, is told 'forward', 'backward', 'step' and 'done' as the step moves on
-    (the estimator's tracer uses it to label what each allocation is for). Gradient
+    (the estimator's tracer uses it to label what each allocation is for); `before_backward` is
+    handed the tensor that backward() is called on (the tracer watches its graph). Gradient
     accumulation: `loss_scale` = 1/micro-batches and `step=False` on all but the last one.
     """
     phase = phase or (lambda _name: None)
@@ -209,30 +211,34 @@ def train_step(ctx: StepContext, batch: Any, phase: Callable[[str], None] | None
         loss = ctx.loss_fn(ctx.model, batch)
     if loss_scale != 1.0:
         loss = loss * loss_scale
-    if not step:
-        (ctx.scaler.scale(loss) if ctx.scaler is not None else loss).backward()
-        return loss.detach()
-    phase("backward")
+    if step:
+        phase("backward")
     if ctx.scaler is not None:
-        ctx.scaler.scale(loss).backward()
-        phase("step")
-        if not ctx.fused_backward:
+        target = ctx.scaler.scale(loss)
+    elif ctx.fake_scaler and step:
+        target = loss * 65536.0
+    else:
+        target = loss
+    if before_backward is not None:
+        before_backward(target)
+    target.backward()
+    del target
+    if not step:
+        return loss.detach()
+    phase("step")
+    if not ctx.fused_backward:
+        if ctx.scaler is not None:
             ctx.scaler.step(ctx.optimizers[0])
-        ctx.scaler.update()
-    elif ctx.fake_scaler:
-        (loss * 65536.0).backward()
-        phase("step")
-        if not ctx.fused_backward:
+        elif ctx.fake_scaler:
             with torch.no_grad():
                 for p in ctx.model.parameters():
                     if p.grad is not None:
                         p.grad.mul_(1.0 / 65536.0)
             ctx.optimizers[0].step()
-    else:
-        loss.backward()
-        phase("step")
-        if not ctx.fused_backward:
+        else:
             ctx.optimizers[0].step()
+    if ctx.scaler is not None:
+        ctx.scaler.update()
     if not ctx.fused_backward:
         ctx.optimizers[0].zero_grad(set_to_none=True)
     phase("done")

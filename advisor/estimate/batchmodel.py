@@ -35,10 +35,10 @@ class BatchModel:
     exact: dict[int, Trace] = field(default_factory=dict)  # batch sizes traced on their own
 
     @cached_property
-    def aligned(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(category of each allocation, its size at a, its size at c), when both traces make the same
-        allocations in the same order and free them at the same events; else None. Computed once:
-        at() runs for every step of the max-batch search."""
+    def aligned(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+        """(category of each allocation, its size at a, its size at c, and its untouched bytes at a and
+        at c or None), when both traces make the same allocations in the same order and free them at
+        the same events; else None. Computed once: at() runs for every step of the max-batch search."""
         ta, tc = self.trace_a, self.trace_c
         if tc is None or len(ta.sizes) != len(tc.sizes):
             return None
@@ -46,13 +46,19 @@ class BatchModel:
         if not np.array_equal(alloc, tc.sizes > 0) or not np.array_equal(ta.ids[alloc], tc.ids[alloc]):
             return None
         n = int(ta.ids.max()) + 1 if len(ta.ids) else 0
-        size_a, size_c = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        size_a[ta.ids[alloc]], size_c[tc.ids[alloc]] = ta.sizes[alloc], tc.sizes[alloc]
+
+        def per_alloc(events: np.ndarray, ids: np.ndarray) -> np.ndarray:
+            out = np.zeros(n, np.int64)
+            out[ids[alloc]] = events[alloc]
+            return out
+
         # an allocation's category: the column its event moves in trace a's curve
         step = np.diff(ta.curve, axis=0, prepend=np.zeros((1, ta.curve.shape[1]), np.int64))
         label = np.zeros(n, np.int64)
         label[ta.ids[alloc]] = np.argmax(np.abs(step[alloc]), axis=1)
-        return label, size_a, size_c
+        untouched = (None, None) if ta.untouched is None or tc.untouched is None else (
+            per_alloc(ta.untouched, ta.ids), per_alloc(tc.untouched, tc.ids))
+        return label, per_alloc(ta.sizes, ta.ids), per_alloc(tc.sizes, tc.ids), *untouched
 
     def at(self, b: int) -> Trace:
         if b in self.exact:
@@ -68,14 +74,19 @@ class BatchModel:
                 raise ValueError("batch model has one trace and cannot retrace")
             return self._peaks_at(b)
         ta = self.trace_a
-        label, size_a, size_c = self.aligned
+        label, size_a, size_c, unt_a, unt_c = self.aligned
         f = (b - self.a) / (self.c - self.a)
-        size = np.maximum(np.rint(size_a + f * (size_c - size_a)), 0).astype(np.int64)
-        sizes = np.where(ta.sizes > 0, size[ta.ids], -size[ta.ids])
+
+        def interpolated(x_a: np.ndarray, x_c: np.ndarray) -> np.ndarray:
+            x = np.maximum(np.rint(x_a + f * (x_c - x_a)), 0).astype(np.int64)
+            return np.where(ta.sizes > 0, x[ta.ids], -x[ta.ids])
+
+        sizes = interpolated(size_a, size_c)
         onehot = np.zeros(ta.curve.shape, np.int64)
         onehot[np.arange(len(sizes)), label[ta.ids]] = sizes
+        untouched = None if unt_a is None else np.minimum(np.abs(interpolated(unt_a, unt_c)), np.abs(sizes)) * np.sign(sizes)
         # FLOPs scale with the batch (the second trace does not count them, to save time)
-        return replace(ta, sizes=sizes, curve=np.cumsum(onehot, axis=0),
+        return replace(ta, sizes=sizes, curve=np.cumsum(onehot, axis=0), untouched=untouched,
                        flops_per_step=int(round(ta.flops_per_step * b / self.a)))
 
     @staticmethod
@@ -92,4 +103,4 @@ class BatchModel:
         rows = np.maximum(np.rint(ra + f * (rc - ra)), 0).astype(np.int64)
         row = rows[int(np.argmax(rows.sum(axis=1)))][None, :]
         return replace(ta, curve=row, sizes=np.asarray([int(row.sum())], np.int64), ids=np.zeros(1, np.int64),
-                       synthetic=True)
+                       synthetic=True, untouched=None)

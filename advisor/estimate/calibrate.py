@@ -140,7 +140,7 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
 def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple[tuple[int, int], ...]):
     """(intercept, slope, spread) of resident - persistent = intercept + slope x transient over the runs."""
     traces = [bm.at(b) for b, _ in rss]
-    split = [heap_and_mapped(scaled_curve(req, tr, 1), tr.synthetic) for tr in traces]
+    split = [heap_and_mapped(scaled_curve(req, tr, 1), tr.synthetic, tr.untouched) for tr in traces]
     # kernels' hidden buffers join the heap-served part; mapped allocations count once, while live
     heap = [int(h + ratio * (h + m)) for _, h, m in split]
     return _fit(heap, [r - p - m for (_, r), (p, _, m) in zip(rss, split)], [r for _, r in rss])

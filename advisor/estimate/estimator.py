@@ -15,7 +15,7 @@ from advisor.estimate.cuda_alloc import cublas_workspace_bytes
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
 from advisor.estimate.refine import Refinement, refine
 from advisor.estimate.roofline import step_time
-from advisor.estimate.strategy import heap_and_mapped, peak_breakdown, scaled_curve
+from advisor.estimate.strategy import heap_and_mapped, peak_breakdown, scaled_curve, touched_peak
 from advisor.estimate.trace import Trace, trace_training
 from advisor.fingerprint import workload_fingerprint
 from advisor.hardware.spec import HardwareSpec
@@ -63,11 +63,12 @@ class _Evaluator:
         curve = scaled_curve(req, tr, self.hw.world_size)
         allocated, parts = peak_breakdown(curve)
         if self.hw.device_type == "cpu":
-            persistent, heap, mapped = heap_and_mapped(curve, tr.synthetic)
+            persistent, heap, mapped = heap_and_mapped(curve, tr.synthetic, tr.untouched)
             hidden = self.calib.hidden(heap + mapped) if self.calib else 0
             allocated += hidden  # kernels' own buffers, seen only by real runs: counted as temporaries
             parts["temporaries"] += hidden
-            ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, mapped)
+            ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, mapped,
+                              floor=touched_peak(curve, tr.untouched) + hidden)
         else:
             workspace = cublas_workspace_bytes(self.hw.accelerator.name)
             ov = cuda_overhead(tr, allocated, workspace)

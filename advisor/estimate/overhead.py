@@ -68,8 +68,10 @@ class Overhead:
 
 
 def cpu_overhead(allocated: int, persistent: int, transient: int, calib: CpuCalibration | None,
-                 mapped: int = 0) -> Overhead:
-    total = max(allocated, (calib or CPU_DEFAULT).resident(persistent, transient, mapped))
+                 mapped: int = 0, floor: int | None = None) -> Overhead:
+    """`floor`: the least the resident set can be, the live bytes kernels wrote at their peak
+    (strategy.touched_peak); default `allocated`."""
+    total = max(allocated if floor is None else floor, (calib or CPU_DEFAULT).resident(persistent, transient, mapped))
     return Overhead(total=total, allocated=allocated, runtime=0)
 
 

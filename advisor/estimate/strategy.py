@@ -91,11 +91,14 @@ def persistent_transient(curve: np.ndarray) -> tuple[int, int]:
 MMAP_FROM_BYTES = 32 * 1024 * 1024 - 4096
 
 
-def heap_and_mapped(curve: np.ndarray, synthetic: bool = False) -> tuple[int, int, int]:
+def heap_and_mapped(curve: np.ndarray, synthetic: bool = False,
+                    untouched: np.ndarray | None = None) -> tuple[int, int, int]:
     """(persistent peak, transient peak of heap-served allocations, transient peak of mapped ones)
     (bytes). Freed heap memory stays resident and mapped memory does not, so the two transient
     parts weigh differently in the resident set. Each event's allocation is the curve's step there;
-    a synthetic curve (peak moments, not events) counts everything as heap-served."""
+    a synthetic curve (peak moments, not events) counts everything as heap-served. `untouched`
+    (the trace's, per event): bytes a kernel never writes, which a mapping of their own keeps out
+    of the resident set."""
     if len(curve) == 0:
         return 0, 0, 0
     mask = np.zeros(curve.shape[1], dtype=bool)
@@ -105,5 +108,18 @@ def heap_and_mapped(curve: np.ndarray, synthetic: bool = False) -> tuple[int, in
     if synthetic:
         return persistent, int(transient.max()), 0
     step = np.diff(transient, prepend=0)
-    mapped = np.cumsum(np.where(np.abs(step) >= MMAP_FROM_BYTES, step, 0))
-    return persistent, int((transient - mapped).max()), int(max(0, mapped.max()))
+    own_mapping = np.abs(step) >= MMAP_FROM_BYTES
+    mapped = np.cumsum(np.where(own_mapping, step, 0))
+    heap = int((transient - mapped).max())
+    if untouched is not None:
+        mapped = mapped - np.cumsum(np.where(own_mapping, untouched, 0))
+    return persistent, heap, int(max(0, mapped.max()))
+
+
+def touched_peak(curve: np.ndarray, untouched: np.ndarray | None = None) -> int:
+    """The peak of live bytes that kernels have written (bytes): what the resident set cannot be
+    below. Without untouched bytes, the live peak."""
+    if len(curve) == 0:
+        return 0
+    total = curve.sum(axis=1)
+    return int((total if untouched is None else total - np.cumsum(untouched)).max())

@@ -48,6 +48,9 @@ class Trace:
     seconds: float
     synthetic: bool = False  # built from formulas: sizes are moments, not an allocation sequence
     sized_kernels: int = 0  # kernel workspaces/scratch sized by running the op for real on this CPU
+    # (events,) int64, signed as `sizes`: the bytes of each allocation its kernel never writes (pages
+    # that stay out of the resident set, e.g. the unused part of oneDNN's RNN workspace); None: all
+    untouched: np.ndarray | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -68,11 +71,20 @@ class _Tracker:
         self.param_keys: set[int] = set()  # storages of the model's parameters
         self.cpu_workspaces = False  # size oneDNN's workspaces and scratch by running those ops for real
         self.workspace_bytes: dict[str, int] = {}  # the op's shapes, dtypes and scalars -> bytes
+        self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
+        self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
+        self.finalizers: dict[int, weakref.finalize] = {}  # storage pointer -> its death notice
+        # True between an autograd node's apply and the next node's: the engine is adding the node's
+        # outputs into the input buffers of the nodes they feed (see `accumulates_in_place`)
+        self.accumulating = False
 
     def set_phase(self, name: str) -> None:
         self.phase = name
+        self.accumulating = False  # every phase change falls outside backward's node sequence
 
-    def track(self, t: Any, category: int | None = None) -> None:
+    def track(self, t: Any, category: int | None = None, untouched: int = 0) -> None:
+        """Record `t`'s storage as a new allocation, unless it is already live; `untouched`: bytes of
+        it that its kernel never writes."""
         import torch
 
         if not isinstance(t, torch.Tensor):
@@ -82,16 +94,54 @@ class _Tracker:
         if key in self.live_ids:
             return
         aid = len(self.nbytes)
+        if untouched:
+            self.untouched[aid] = untouched
         self.live_ids[key] = aid
         self.nbytes.append(int(st.nbytes()))
         self.labels.append(_PHASE_LABEL[self.phase] if category is None else category)
         self.events.append(aid + 1)
-        weakref.finalize(st, self._free, key, aid)
+        self.finalizers[key] = weakref.finalize(st, self._free, key, aid)
 
     def _free(self, key: int, aid: int) -> None:
         if self.live_ids.get(key) == aid:
             del self.live_ids[key]
+            del self.finalizers[key]
         self.events.append(-(aid + 1))
+
+    def reuse(self, t: Any, donor: Any) -> None:
+        """`t` took over `donor`'s memory (an accumulation the real engine does in place): no new
+        allocation; the donor's allocation lives on until `t`'s storage dies."""
+        old = donor.untyped_storage()._cdata
+        aid = self.live_ids.pop(old, None)
+        if aid is None:
+            self.track(t)
+            return
+        self.finalizers.pop(old).detach()
+        st = t.untyped_storage()
+        self.live_ids[st._cdata] = aid
+        self.finalizers[st._cdata] = weakref.finalize(st, self._free, st._cdata, aid)
+
+    def watch_backward(self, root: Any) -> None:
+        """Mark, on every autograd node of `root`'s graph, when its apply ends (post-hook) and the
+        next one begins (pre-hook). The hooks hold no node: a node held by its own hook would keep
+        its graph, and every tensor saved in it, alive."""
+        def ended(_grad_inputs, _grad_outputs) -> None:
+            self.accumulating = True
+
+        def begins(_grad_outputs) -> None:
+            self.accumulating = False
+
+        seen: set[Any] = set()
+        todo = [root.grad_fn] if root.grad_fn is not None else []
+        while todo:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            node.register_prehook(begins)
+            if node.next_functions:  # AccumulateGrad's post-hooks would change whether it steals the grad
+                node.register_hook(ended)
+            todo.extend(n for n, _ in node.next_functions if n is not None)
 
     def relabel(self, t: Any, category: int) -> None:
         aid = self.live_ids.get(t.untyped_storage()._cdata)
@@ -109,10 +159,13 @@ def _dispatch_mode(tracker: _Tracker):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            if func is torch.ops.aten.mkldnn_rnn_layer.default and tracker.cpu_workspaces:
-                out = _with_real_workspace(tracker, args, out)
+            if func is torch.ops.aten.mkldnn_rnn_layer.default:
+                out = _rnn_workspace(tracker, args, out)
             elif tracker.cpu_workspaces and func in _scratch_ops():
                 _real_scratch(tracker, func, args)
+            if func is torch.ops.aten.add.Tensor and tracker.accumulating and accumulates_in_place(args):
+                tracker.reuse(out, args[0])
+                return out
             category = None
             if (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
                     and args[0].untyped_storage()._cdata in tracker.param_keys):
@@ -129,17 +182,61 @@ def _dispatch_mode(tracker: _Tracker):
     return TrackingMode()
 
 
-def _with_real_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
+def _non_overlapping_and_dense(t: Any) -> bool:
+    """Whether `t`'s elements fill its memory exactly once in some order of its dimensions."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def accumulates_in_place(args: tuple) -> bool:
+    """Whether the real autograd engine adds a gradient into the one already buffered in place.
+
+    Two gradients for one input of a node (a tensor used twice: tied embeddings, a residual
+    fork) are summed in that node's input buffer. With no grad mode and the buffered gradient
+    `args[0]` a plain dense tensor whose memory nothing else holds, the engine adds in place
+    (torch/csrc/autograd/input_buffer.cpp, `can_accumulate_inplace`); under any Python dispatch
+    mode, such as the tracer's and FakeTensorMode, it counts every tensor as a subclass and adds
+    out of place, allocating a third gradient the real step never has. Not seen here: a second
+    reference to the same tensor (one gradient sent to two places, both still waiting), which
+    the engine also refuses; the buffered gradient is taken as its only holder.
+    """
+    import torch
+
+    old, new = args[0], args[1]
+    if torch.is_grad_enabled() or old is new or old._is_view() or tuple(old.shape) != tuple(new.shape):
+        return False
+    if old.dtype != new.dtype or old.is_sparse or not _non_overlapping_and_dense(old):
+        return False
+    st = old.untyped_storage()
+    # st's own Python object holds one reference, the tensor another: more is another tensor on it
+    return torch._C._storage_Use_Count(st._cdata) == 2
+
+
+def _rnn_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
     """oneDNN's RNN keeps a workspace from forward to backward whose size its kernel decides (by
-    CPU, shape and dtype); the fake op reports none. Run the op once on real zeros of the same
-    shapes (one layer's input, weights and output: small next to the model) and give the fake
-    trace a workspace of the real size."""
+    CPU, shape and dtype), and writes only part of it (measured here: a third in fp32 training,
+    at every batch size). On fake tensors (where the target is this CPU) the op reports none: run
+    it once on real zeros of the same shapes (one layer's input, weights and output: small next
+    to the model) and give the fake trace a workspace of the real size. Either way, record the
+    bytes the kernel left unwritten (`resident_bytes`): they never join the resident set."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+    from advisor.procmem import resident_bytes
+
     workspace = out[3]
-    if not isinstance(workspace, FakeTensor) or not _affordable(args):
-        return out  # real tensors: the real kernel allocated the real workspace
+    if not isinstance(workspace, FakeTensor):  # real tensors: the real kernel allocated the real workspace
+        written = resident_bytes(workspace.data_ptr(), workspace.nbytes)
+        tracker.track(workspace, untouched=workspace.nbytes - (workspace.nbytes if written is None else written))
+        return out
+    if not tracker.cpu_workspaces or not _affordable(args):
+        return out
     key = _probe_key(torch.ops.aten.mkldnn_rnn_layer.default, args)
     if key not in tracker.workspace_bytes:
         # not under no_grad: the kernel keeps a workspace only when gradients are on (inputs need none)
@@ -148,11 +245,17 @@ def _with_real_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
                 found = torch.ops.aten.mkldnn_rnn_layer.default(*_real_like(args))[3]
             except Exception:  # noqa: BLE001 - no kernel for this here (bf16 LSTM without AVX512-BF16): none to size
                 found = None
-            tracker.workspace_bytes[key] = int(found.nbytes) if found is not None else 0
+            n = int(found.nbytes) if found is not None else 0
+            written = resident_bytes(found.data_ptr(), n) if found is not None else None
+            tracker.workspace_bytes[key] = n
+            tracker.workspace_untouched[key] = n - (n if written is None else written)
+            del found
     n = tracker.workspace_bytes[key]
-    if n == workspace.nbytes:
-        return out
-    return (*out[:3], torch.empty(n, dtype=torch.uint8, device=workspace.device))
+    if n != workspace.nbytes:
+        workspace = torch.empty(n, dtype=torch.uint8, device=workspace.device)
+        out = (*out[:3], workspace)
+    tracker.track(workspace, untouched=tracker.workspace_untouched[key])
+    return out
 
 
 # A real probe of one op allocates its inputs, outputs and scratch; past this many input bytes
@@ -253,7 +356,8 @@ def _fakeify(batch: Any, fake_mode) -> Any:
     return tree_map(conv, batch)
 
 
-def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(curve, signed sizes, allocation ids, signed untouched bytes or None) of the tracker's events."""
     labels = np.asarray(tracker.labels, dtype=np.int64)
     nbytes = np.asarray(tracker.nbytes, dtype=np.int64)
     ev = np.asarray(tracker.events, dtype=np.int64)
@@ -261,7 +365,12 @@ def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     signed = np.where(ev > 0, nbytes[ids], -nbytes[ids])
     onehot = np.zeros((len(ev), len(CATEGORY_NAMES)), dtype=np.int64)
     onehot[np.arange(len(ev)), labels[ids]] = signed
-    return np.cumsum(onehot, axis=0), signed, ids
+    untouched = None
+    if tracker.untouched:
+        per_alloc = np.zeros(len(nbytes), dtype=np.int64)
+        per_alloc[list(tracker.untouched)] = list(tracker.untouched.values())
+        untouched = np.where(ev > 0, per_alloc[ids], -per_alloc[ids])
+    return np.cumsum(onehot, axis=0), signed, ids, untouched
 
 
 def trace_training(workload: Workload, batch_size: int, *, precision: Precision, optimizer: OptimizerKind,
@@ -324,7 +433,7 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
                                     if isinstance(v, torch.Tensor):
                                         tracker.relabel(v, OPT_STATE)
 
-                train_step(ctx, batch, phase=on_phase)
+                train_step(ctx, batch, phase=on_phase, before_backward=tracker.watch_backward)
                 del batch
             opt_state_bytes = sum(v.nbytes for opt in ctx.optimizers for s in opt.state.values()
                                   for v in s.values() if isinstance(v, torch.Tensor))
@@ -337,8 +446,8 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
             raise EstimateError(f"cannot trace {workload.name} on fake tensors: its code reads a tensor's value "
                                 f"(data-dependent control flow, {type(exc).__name__})") from exc
         raise EstimateError(f"cannot trace {workload.name} on {'fake' if fake else 'real'} tensors: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    curve, sizes, ids = _replay(tracker)
-    return Trace(curve=curve, sizes=sizes, ids=ids, param_bytes=int(param_bytes),
+    curve, sizes, ids, untouched = _replay(tracker)
+    return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
                  sized_kernels=len(tracker.workspace_bytes))
@@ -348,12 +457,15 @@ def save_trace(trace: Trace, path: str) -> None:
     """Write a trace to an .npz file (the calibration process hands traces back this way)."""
     meta = {k: getattr(trace, k) for k in ("param_bytes", "grad_bytes", "opt_state_bytes", "largest_block_bytes",
                                            "flops_per_step", "num_params", "seconds")}
-    np.savez(path, curve=trace.curve, sizes=trace.sizes, ids=trace.ids, meta=np.asarray(list(meta.values()), dtype=np.float64))
+    extra = {} if trace.untouched is None else {"untouched": trace.untouched}
+    np.savez(path, curve=trace.curve, sizes=trace.sizes, ids=trace.ids, meta=np.asarray(list(meta.values()), dtype=np.float64),
+             **extra)
 
 
 def load_trace(path: str) -> Trace:
     with np.load(path) as z:
         m = z["meta"].tolist()
         return Trace(curve=z["curve"], sizes=z["sizes"], ids=z["ids"], param_bytes=int(m[0]),
+                     untouched=z["untouched"] if "untouched" in z.files else None,
                      grad_bytes=int(m[1]), opt_state_bytes=int(m[2]), largest_block_bytes=int(m[3]),
                      flops_per_step=int(m[4]), num_params=int(m[5]), seconds=float(m[6]))

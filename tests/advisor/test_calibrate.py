@@ -94,3 +94,26 @@ def test_transient_allocations_glibc_maps_are_counted_apart_from_heap_ones():
     # the parameter is persistent whatever its size; of the transient ones only the 40 MiB is mapped
     assert heap_and_mapped(curve) == (64 * mib, 20 * mib, 40 * mib)
     assert heap_and_mapped(curve, synthetic=True) == (64 * mib, 50 * mib, 0)
+
+
+def test_bytes_a_kernel_never_writes_stay_out_of_the_resident_set_of_a_mapped_allocation():
+    import numpy as np
+
+    from advisor.estimate.strategy import heap_and_mapped, touched_peak
+    from advisor.estimate.trace import ACTIVATIONS, CATEGORY_NAMES, PARAMS
+
+    mib = 1 << 20
+    # a 64 MiB parameter; a 256 MiB workspace of which the kernel writes 84 MiB, and a 16 MiB
+    # heap-served buffer with 8 MiB unwritten; both freed
+    steps = [(PARAMS, 64 * mib, 0), (ACTIVATIONS, 256 * mib, 172 * mib), (ACTIVATIONS, 16 * mib, 8 * mib),
+             (ACTIVATIONS, -16 * mib, -8 * mib), (ACTIVATIONS, -256 * mib, -172 * mib)]
+    onehot = np.zeros((len(steps), len(CATEGORY_NAMES)), np.int64)
+    for i, (cat, n, _) in enumerate(steps):
+        onehot[i, cat] = n
+    curve = np.cumsum(onehot, axis=0)
+    untouched = np.asarray([u for *_, u in steps], np.int64)
+    assert heap_and_mapped(curve) == (64 * mib, 16 * mib, 256 * mib)
+    # only the mapped allocation's unwritten pages are surely not resident: the heap reuses memory
+    assert heap_and_mapped(curve, untouched=untouched) == (64 * mib, 16 * mib, 84 * mib)
+    assert touched_peak(curve) == (64 + 256 + 16) * mib
+    assert touched_peak(curve, untouched) == (64 + 84 + 8) * mib
