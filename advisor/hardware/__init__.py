@@ -5,11 +5,13 @@ Spec strings:
 - `NAME`: one device of catalog entry NAME (e.g. `h100-sxm`), one node.
 - `NAME:N`: N devices per node; `NAME:NxM`: N devices per node on M nodes.
 - `local`: this machine, probed. With NVIDIA GPUs visible to CUDA: their catalog entry (matched
-  by product name) with the probed memory, one device per visible GPU. Without: the `cpu`
-  entry carrying this machine's host memory, cores and NUMA nodes.
-- `cpu`: this machine's CPU, like `local` on a GPU-less machine (host facts probed, `is_local`
-  True), without touching NVML. `cpu:N[xM]` is the generic catalog CPU instead: nominal host
-  memory from the catalog, nothing probed, `is_local` False.
+  by product name) with the probed memory, one device per visible GPU. Without: this machine's
+  CPU (see `cpu`).
+- `cpu`: this machine's CPU, like `local` on a GPU-less machine, without touching NVML: host
+  memory, cores and NUMA nodes probed, peak FLOP/s per dtype derived from its cores, clock and
+  ISA (advisor.hardware.cpupeak), its model and ISA in `accelerator.cpu` (so it fingerprints
+  apart from other CPUs), `is_local` True. Memory bandwidth stays the catalog's nominal figure.
+  `cpu:N[xM]` is the generic catalog CPU instead: nominal figures, nothing probed, `is_local` False.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 
 from advisor.errors import ProbeError, SpecError
 from advisor.hardware.catalog import CATALOG, catalog_key_for_gpu
+from advisor.hardware.cpupeak import cpu_peak_note
 from advisor.hardware.probe import LocalProbe, probe_local
 from advisor.hardware.spec import Accelerator, HardwareSpec
 from advisor.hardware.sysinfo import HostInfo, probe_host
@@ -28,6 +31,7 @@ __all__ = [
     "HardwareSpec",
     "LocalProbe",
     "get_hardware",
+    "hardware_from_host",
     "hardware_from_probe",
     "list_hardware",
     "probe_local",
@@ -52,7 +56,7 @@ def get_hardware(spec: str) -> HardwareSpec:
             raise SpecError(f"'local' takes no device count (got {spec!r}): it uses every GPU CUDA can see here")
         return hardware_from_probe(probe_local())
     if name == "cpu" and not sep:
-        return _local_cpu(probe_host())
+        return hardware_from_host(probe_host())
     per_node, nodes = _parse_count(count, spec) if sep else (1, 1)
     accelerator = CATALOG[name]
     # A CPU "device" holds its data in host memory; the catalog's nominal figure stands for it.
@@ -75,7 +79,8 @@ def _parse_count(count: str, spec: str) -> tuple[int, int]:
 def hardware_from_probe(probe: LocalProbe) -> HardwareSpec:
     """The HardwareSpec for a probed machine: its visible GPUs if any, else its CPU."""
     if not probe.visible_gpus:
-        return _local_cpu(probe).model_copy(update={"note": probe.note})
+        cpu = hardware_from_host(probe)
+        return cpu.model_copy(update={"note": "; ".join(n for n in (probe.note, cpu.note) if n)})
     gpus = [gpu for gpu in probe.gpus if gpu.index in probe.visible_gpus]
     keys = {gpu.name: catalog_key_for_gpu(gpu.name) for gpu in gpus}
     unknown = sorted(name for name, key in keys.items() if key is None)
@@ -94,9 +99,16 @@ def hardware_from_probe(probe: LocalProbe) -> HardwareSpec:
     return _local_spec(accelerator, probe, devices=len(gpus))
 
 
-def _local_cpu(host: HostInfo) -> HardwareSpec:
-    memory = host.usable_memory_bytes
-    return _local_spec(CATALOG["cpu"].model_copy(update={"memory_bytes": memory}), host, devices=1)
+def hardware_from_host(host: HostInfo) -> HardwareSpec:
+    """This host's CPU as the device: the catalog CPU with the host's memory, its CpuSpec, and the peaks
+    derived from that where they can be (else the catalog's, and the note says why)."""
+    cpu = host.cpu.spec
+    update: dict[str, object] = {"memory_bytes": host.usable_memory_bytes, "cpu": cpu}
+    peaks = cpu.peak_tflops()
+    if peaks is not None:
+        update["peak_tflops"] = peaks
+    accelerator = CATALOG["cpu"].model_copy(update=update)
+    return _local_spec(accelerator, host, devices=1).model_copy(update={"note": cpu_peak_note(cpu)})
 
 
 def _local_spec(accelerator: Accelerator, host: HostInfo, devices: int) -> HardwareSpec:

@@ -16,9 +16,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.errors import ProbeError
-
-PROC = Path("/proc")
-SYS = Path("/sys")
+from advisor.hardware.cpupeak import probe_cpu_spec
+from advisor.hardware.procfs import PROC, SYS, parse_cpulist
+from advisor.hardware.procfs import read_optional as _read_optional
+from advisor.hardware.procfs import read_text as _read
+from advisor.hardware.spec import CpuSpec
 
 # cgroup v1 writes "no limit" as the largest page-aligned int64; anything this large means none.
 _CGROUP_V1_UNLIMITED = 2**60
@@ -36,6 +38,10 @@ class CpuInfo(BaseModel):
     usable_cores: int = Field(gt=0, description="CPUs this process may run on (sched_getaffinity).")
     bf16_units: bool = Field(default=False, description="bf16 math instructions (AMX-BF16 or AVX512-BF16 on x86, "
                              "BF16 on Arm): without them bf16 is emulated, slower than fp32.")
+    spec: CpuSpec = Field(description="Identity, ISA, usable cores, clock and FLOP/cycle: the derived peak's inputs.")
+    peak_tflops: dict[str, float] | None = Field(
+        description="Dense peak TFLOP/s by dtype derived from `spec` (cores x GHz x FLOP/cycle); None where the "
+        "clock or the ISA is unknown, and `--hardware cpu` falls back to the catalog's nominal figures.")
 
 
 class NumaNode(BaseModel):
@@ -46,39 +52,6 @@ class NumaNode(BaseModel):
     id: int = Field(ge=0, description="Node number, as in /sys/devices/system/node/node<id>.")
     cpus: list[int] = Field(description="Logical CPU ids local to this node.")
     memory_bytes: int | None = Field(default=None, ge=0, description="MemTotal of the node (bytes).")
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """Parse the kernel's cpulist format ('0-3,8-11', '5', '') into sorted CPU ids."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        first, _, last = part.partition("-")
-        try:
-            lo, hi = int(first), int(last or first)
-        except ValueError as err:
-            raise ProbeError(f"malformed cpulist {text.strip()!r}: expected e.g. '0-3,8-11'") from err
-        if hi < lo:
-            raise ProbeError(f"malformed cpulist {text.strip()!r}: range {part!r} runs backwards")
-        cpus.update(range(lo, hi + 1))
-    return sorted(cpus)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as err:
-        raise ProbeError(f"cannot read {path}: {err.strerror or err}") from err
-
-
-def _read_optional(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise ProbeError(f"cannot read {path}: {err.strerror or err}") from err
 
 
 def host_memory_bytes(proc: Path = PROC) -> int:
@@ -149,6 +122,7 @@ def cpu_info(proc: Path = PROC, sys_root: Path = SYS) -> CpuInfo:
     logical = os.cpu_count()
     if logical is None:
         raise ProbeError("os.cpu_count() cannot tell how many CPUs this machine has")
+    spec = probe_cpu_spec(proc, sys_root)
     return CpuInfo(
         model_name=cpu_model_name(proc),
         logical_cores=logical,
@@ -156,6 +130,8 @@ def cpu_info(proc: Path = PROC, sys_root: Path = SYS) -> CpuInfo:
         physical_cores=physical_core_count(sys_root) or logical,
         usable_cores=len(os.sched_getaffinity(0)),
         bf16_units=bool(BF16_FLAGS & cpu_flags(proc)),
+        spec=spec,
+        peak_tflops=spec.peak_tflops(),
     )
 
 
