@@ -27,8 +27,8 @@ class SpaceContext(BaseModel):
         description="Samples per optimizer step over all processes; grad_accum is derived to keep it (samples).")
     fast_bf16: bool | None = Field(
         default=None, description="bf16 runs faster than fp32 here: bf16 math units (CUDA tensor cores; AMX or "
-        "AVX512-BF16 on x86; BF16 on Arm). None: CUDA devices that support bf16, and this machine's CPU by its "
-        "flags; a catalog CPU (not this one) is taken to have none.")
+        "AVX512-BF16 on x86; BF16 on Arm). None: CUDA devices that support bf16, and a probed CPU by its "
+        "spec's bf16 unit (this machine's flags); a catalog CPU (not probed) is taken to have none.")
 
     @model_validator(mode="after")
     def _check(self) -> "SpaceContext":
@@ -67,6 +67,8 @@ def _fast_bf16(hw: HardwareSpec) -> bool:
         return False
     if hw.device_type == "cuda":
         return True  # every catalog GPU that supports bf16 has tensor cores for it
+    if hw.accelerator.cpu is not None:  # a probed CPU, here or stored from another host
+        return hw.accelerator.cpu.bf16_unit is not None
     from advisor.hardware.sysinfo import cpu_has_bf16_units
 
     return hw.is_local and cpu_has_bf16_units()

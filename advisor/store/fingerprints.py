@@ -24,9 +24,15 @@ def config_hash(config: "TrainingConfig") -> str:
 
 
 def hardware_fingerprint(hw: "HardwareSpec") -> str:
-    """What results depend on: the accelerator and the shape of the target. Probe notes and the
-    is_local flag are left out, so a probed machine and its catalog entry with the same figures match."""
-    return _digest(hw.model_dump(mode="json", exclude={"note", "is_local"}))
+    """What results depend on: the accelerator (a probed CPU's model and ISA included) and the shape of
+    the target. Probe notes and the is_local flag are left out, so a probed machine and its catalog
+    entry with the same figures match."""
+    spec = hw.model_dump(mode="json", exclude={"note", "is_local"})
+    # `accelerator.cpu` came after fingerprints were first stored: left out while unset (every catalog
+    # entry, every GPU), those fingerprints stay what they were.
+    if spec["accelerator"].get("cpu") is None:
+        del spec["accelerator"]["cpu"]
+    return _digest(spec)
 
 
 def software_versions() -> dict[str, str | None]:
