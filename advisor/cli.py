@@ -13,7 +13,7 @@ from typing import Sequence
 
 from advisor import cli_recommend
 from advisor.config import OptimizerKind, Precision, Strategy, choices
-from advisor.errors import AdvisorError, SpecError
+from advisor.errors import AdvisorError, ProbeError, SpecError
 
 EXIT_USAGE = 2
 
@@ -189,13 +189,20 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def _cmd_hardware(args: argparse.Namespace) -> int:
-    from advisor.hardware import CATALOG
-    from advisor.render import hardware_table
+    from advisor.hardware import CATALOG, get_hardware
+    from advisor.render import cpu_peak_lines, hardware_table
 
     if args.json:
         print(json.dumps({k: v.model_dump() for k, v in CATALOG.items()}, indent=2))
-    else:
-        hardware_table(CATALOG)
+        return 0
+    hardware_table(CATALOG)
+    try:
+        local = get_hardware("cpu")
+    except ProbeError as err:  # the catalog stands on its own; say why this CPU is missing
+        print(f"this machine's CPU: not probed ({err})")
+        return 0
+    print("'cpu' here (and 'local' without GPUs) is this machine's CPU; 'cpu:N' the catalog's:")
+    print("\n".join(f"  {line}" for line in cpu_peak_lines(local)))
     return 0
 
 
@@ -221,10 +228,12 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         print(gpu)
     if probe.gpus:
         print(format_topology(probe))
-    if bench is not None:
-        from advisor.render import bench_tables
+    from advisor.hardware import hardware_from_host
+    from advisor.render import bench_tables, cpu_peak_lines
 
-        bench_tables(bench)
+    print("\n".join(cpu_peak_lines(hardware_from_host(probe))))
+    if bench is not None:
+        bench_tables(bench, probe.cpu.peak_tflops)
     return 0
 
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from advisor.estimate.model import MemoryEstimate
+    from advisor.hardware.spec import HardwareSpec
     from probes.bench_models import BenchResult
 
 
@@ -68,6 +69,26 @@ def hardware_table(catalog: dict) -> None:
     if not console.is_terminal:
         console = Console(width=120)  # piped: wide enough that no column is cut
     console.print(table)
+
+
+def cpu_peak_lines(hw: "HardwareSpec") -> list[str]:
+    """A probed CPU spec in words: what the CPU is, and how its peak TFLOP/s were derived (or why not)."""
+    acc, cpu = hw.accelerator, hw.accelerator.cpu
+    if cpu is None:
+        return [f"{acc.name}: catalog figures, nothing probed"]
+    where = f"{cpu.vendor} family {cpu.family} model {cpu.model}" if cpu.family is not None else cpu.vendor
+    bf16 = f"bf16 via {cpu.bf16_unit}" if cpu.bf16_unit else "bf16 emulated"
+    lines = [f"CPU: {cpu.model_name} ({where}; {cpu.microarchitecture}, {cpu.vector_isa}, {bf16})"]
+    peaks = cpu.peak_tflops()
+    if peaks is None:
+        lines.append("derived peak: unknown; the catalog's nominal "
+                     + ", ".join(f"{k} {v:g}" for k, v in acc.peak_tflops.items()) + " TFLOP/s stand in")
+    else:
+        lines.append(f"derived peak: {cpu.cores} cores ({cpu.cores_from}) x {cpu.clock_ghz:g} GHz ({cpu.clock_source}) x "
+                     f"{cpu.fp32_flop_per_cycle} fp32 / {cpu.bf16_flop_per_cycle} bf16 FLOP/cycle ({cpu.per_cycle_from}) "
+                     "= " + ", ".join(f"{k} {v:.3g}" for k, v in peaks.items()) + " TFLOP/s")
+    lines.append(f"memory bandwidth: {acc.memory_bandwidth_gbps:g} GB/s, the catalog's nominal figure (not derived)")
+    return lines + ([f"note: {hw.note}"] if hw.note else [])
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -133,17 +154,21 @@ def trial_table(result) -> None:
         console.print(f"note: {note}")
 
 
-def bench_tables(result: "BenchResult") -> None:
-    """`advisor probe --bench` as tables: matmuls, copies, the DataLoader curve, then notes."""
+def bench_tables(result: "BenchResult", cpu_peaks: dict[str, float] | None = None) -> None:
+    """`advisor probe --bench` as tables: matmuls (beside the CPU's derived peak TFLOP/s per dtype, where
+    given), copies, the DataLoader curve, then notes."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    mm = Table(title=f"matmul (square, best of runs; {result.torch_threads} CPU threads)")
-    for col in ("device", "dtype", "size", "reps/run", "s/run", "TFLOP/s"):
+    mm = Table(title=f"matmul (square, best of runs; {result.torch_threads} CPU threads)",
+               caption="peak: the CPU's derived dense peak (advisor hardware / advisor probe show how)")
+    for col in ("device", "dtype", "size", "reps/run", "s/run", "TFLOP/s", "peak", "of peak"):
         mm.add_column(col, justify="left" if col in ("device", "dtype") else "right")
     for m in result.matmul:
-        mm.add_row(m.device, m.dtype, str(m.size), str(m.reps), f"{m.seconds_per_run:.3f}", f"{m.tflops:.3f}")
+        peak = (cpu_peaks or {}).get(m.dtype) if m.device == "cpu" else None
+        mm.add_row(m.device, m.dtype, str(m.size), str(m.reps), f"{m.seconds_per_run:.3f}", f"{m.tflops:.3f}",
+                   f"{peak:.3f}" if peak else "-", f"{m.tflops / peak:.0%}" if peak else "-")
     console.print(mm)
     bw = Table(title="bandwidth (GB/s = 1e9 B/s; 'copy' counts read + write)")
     for col in ("device", "kind", "tensor", "bytes counted", "GB/s"):
