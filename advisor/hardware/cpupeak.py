@@ -167,4 +167,6 @@ def cpu_peak_note(cpu: CpuSpec) -> str | None:
         said.append(f"FMA units of an unknown {cpu.vector_isa} core assumed at the least such cores have")
     if cpu.cores_from == "affinity":
         said.append("no sysfs topology: every usable CPU counted as a core")
+    if cpu.clock_source == "cpuinfo":
+        said.append(f"clock {cpu.clock_ghz:g} GHz from /proc/cpuinfo (nominal in a VM; boost can run above it)")
     return f"CPU peak FLOP/s: {'; '.join(said)}" if said else None

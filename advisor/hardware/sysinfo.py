@@ -118,11 +118,12 @@ def physical_core_count(sys_root: Path = SYS) -> int | None:
     return len(cores) or None
 
 
-def cpu_info(proc: Path = PROC, sys_root: Path = SYS) -> CpuInfo:
+def cpu_info(proc: Path = PROC, sys_root: Path = SYS, cpus: list[int] | None = None) -> CpuInfo:
+    """The host's CPUs; `cpus`: those the derived peak counts (default: sched_getaffinity's)."""
     logical = os.cpu_count()
     if logical is None:
         raise ProbeError("os.cpu_count() cannot tell how many CPUs this machine has")
-    spec = probe_cpu_spec(proc, sys_root)
+    spec = probe_cpu_spec(proc, sys_root, cpus)
     return CpuInfo(
         model_name=cpu_model_name(proc),
         logical_cores=logical,
@@ -215,10 +216,10 @@ class HostInfo(BaseModel):
         return min(self.host_memory_bytes, self.memory_limit_bytes)
 
 
-def probe_host(proc: Path = PROC, sys_root: Path = SYS) -> HostInfo:
-    """Read CPUs, NUMA nodes and memory from procfs/sysfs (no GPU access)."""
+def probe_host(proc: Path = PROC, sys_root: Path = SYS, cpus: list[int] | None = None) -> HostInfo:
+    """Read CPUs, NUMA nodes and memory from procfs/sysfs (no GPU access); `cpus` as in `cpu_info`."""
     return HostInfo(
-        cpu=cpu_info(proc, sys_root),
+        cpu=cpu_info(proc, sys_root, cpus),
         numa_nodes=numa_nodes(sys_root),
         host_memory_bytes=host_memory_bytes(proc),
         memory_limit_bytes=cgroup_memory_limit_bytes(sys_root / "fs" / "cgroup"),
