@@ -144,6 +144,14 @@ def test_hardware_lists_catalog() -> None:
     proc = advisor("hardware")
     assert proc.returncode == 0, proc.stderr
     assert "h100-sxm" in proc.stdout
+    # Then this machine's CPU: what it is, and its derived peak (or why the catalog's stands in).
+    from advisor.hardware import get_hardware
+
+    cpu = get_hardware("cpu").accelerator.cpu
+    assert f"CPU: {cpu.model_name} (" in proc.stdout
+    peaks = cpu.peak_tflops()
+    said = f"= fp32 {peaks['fp32']:.3g}, bf16 {peaks['bf16']:.3g} TFLOP/s" if peaks else "derived peak: unknown"
+    assert said in proc.stdout
 
 
 def test_hardware_table_shows_every_name_in_full() -> None:

@@ -35,6 +35,12 @@ def test_probe_bench_json_measures_cpu_and_a_worker_curve(capsys):
     bench = report["bench"]
     fp32 = [m for m in bench["matmul"] if m["device"] == "cpu" and m["dtype"] == "fp32"]
     assert len(fp32) == 1 and fp32[0]["tflops"] > 0 and fp32[0]["size"] >= 128
+    # The derived peak it is compared with, from the spec it is derived from (None: not derivable here).
+    cpu = report["probe"]["cpu"]
+    if cpu["peak_tflops"] is not None:
+        spec = cpu["spec"]
+        assert cpu["peak_tflops"]["fp32"] == pytest.approx(
+            spec["cores"] * spec["clock_ghz"] * spec["fp32_flop_per_cycle"] / 1e3)
     (copy,) = [c for c in bench["memory"] if c["device"] == "cpu"]
     assert copy["gb_per_s"] > 0 and copy["tensor_bytes"] == COPY_BYTES["cpu"] >= 256 << 20
     assert copy["bytes_counted"] == 2 * copy["tensor_bytes"]
@@ -90,3 +96,20 @@ def test_bad_bench_input_is_one_line_and_exit_2(args, says):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], proc.stderr
     assert proc.stdout == ""
+
+
+def test_bench_table_puts_the_derived_peak_beside_cpu_matmuls(capsys):
+    """The table `advisor probe --bench` prints: a CPU row's TFLOP/s, the derived peak, and their ratio."""
+    from advisor.render import bench_tables
+    from probes.bench_models import BenchResult, LoaderCurve, LoaderPoint, MatmulBench
+
+    mm = [MatmulBench(device="cpu", dtype="bf16", size=2048, reps=1, runs=3, seconds_per_run=0.1, tflops=0.125),
+          MatmulBench(device="cpu", dtype="fp16", size=512, reps=1, runs=3, seconds_per_run=0.1, tflops=0.002)]
+    curve = LoaderCurve(workload="tiny-resnet", batch_size=4, batches=4,
+                        points=[LoaderPoint(workers=0, batches=4, seconds=0.1, samples_per_s=160.0)])
+    result = BenchResult(torch_threads=2, usable_cpus=2, matmul=mm, memory=[], host_to_device=[], loader=curve,
+                         budget_seconds=1.0, seconds=1.5)
+    bench_tables(result, {"fp32": 0.25, "bf16": 0.5})
+    rows = {line.split("│")[2].strip(): line for line in capsys.readouterr().out.splitlines() if "│ cpu" in line}
+    assert [cell.strip() for cell in rows["bf16"].split("│")[6:9]] == ["0.125", "0.500", "25%"]  # of 0.5 TFLOP/s
+    assert rows["fp16"].split("│")[7].strip() == "-"  # no derived fp16 peak: not a CPU training path
