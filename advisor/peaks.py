@@ -1,8 +1,10 @@
 """Measured peak memory of (workload, device, configuration) points: what refines the estimator.
 
-A trial that measured a real peak records it here (`record_measured_peak`); `estimate_memory`
-reads the points of the same workload fingerprint, device and memory-changing knobs and fits the
-peak as affine in the batch size (advisor/estimate/refine.py). The store is a small interface
+A trial that measured a real peak records it here (`record_measured_peak`; CUDA trials do, CPU
+trials do not, see probes/runner.py `_record_peak`); `estimate_memory` reads the points of the same
+workload fingerprint, device and memory-changing knobs and refines its estimate with them: on CUDA
+a shift or an affine fit in the batch size, on this CPU more runs of its resident-set fit
+(advisor/estimate/refine.py says why they differ). The store is a small interface
 with a JSON-lines implementation under `data_dir/calibration`; the SQL store can implement the
 same two methods.
 """

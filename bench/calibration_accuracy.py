@@ -1,14 +1,21 @@
 #!/usr/bin/env python
 """Estimate error before and after one measured trial (issue 3, item 3), on this machine's CPU.
 
-    .venv/bin/python bench/calibration_accuracy.py [--out bench/results/calibration.json]
+    .venv/bin/python bench/calibration_accuracy.py [--out bench/results/calibration.json] [--only mlp,...]
+                                                   [--skip maxbatch]
 
-Per workload: one measured "trial" at batch A (`advisor.measure`, mode rss, one run: what a trial
-gives) is recorded with `record_measured_peak`; then `estimate_memory` at batch B = 4 x A is
-compared with the real peak at B (median of 3 fresh-process runs, DESIGN.md's protocol), before
+Per workload: one measured "trial" at batch A (`advisor.measure`, mode rss, one fresh-process run:
+DESIGN.md's CPU peak; a CPU trial of `probes` is forked and does not record its peak, see
+probes/runner.py `_record_peak`) is recorded with `record_measured_peak`; then `estimate_memory`
+at batch B = 4 x A is compared with the real peak at B (median of 3 fresh-process runs), before
 (measured=False) and after (the store holding the trial's point). Both with the short real
 calibration runs allowed (calibrate=True, the default on this CPU) and without (calibrate=False,
-the uncalibrated default overhead). Relative error = (estimate - measured) / measured.
+the uncalibrated default overhead). Relative error = (estimate - measured) / measured; "noise" is
+the spread of the 3 runs at B over their median.
+
+Largest batch: with the host memory capped (margin 0, as bench/estimate_accuracy.py), the largest
+batch before and after the trial's point, calibrated and not; each answer after the point is run 3
+times, and it fits when the median stays under the cap (every run is kept in the JSON).
 The markdown goes beside the JSON (.md).
 """
 
@@ -42,12 +49,14 @@ class Case:
     optimizer: str
     trial_batch: int  # A: the measured trial
     target_batch: int  # B: where the estimate is checked
+    cap_bytes: int  # the host memory the largest batch must fit (bench/estimate_accuracy.py's caps)
 
 
 CASES = [
-    Case("mlp", {}, "fp32", "adamw", 1024, 4096),
-    Case("resnet18", {"image_size": 64}, "fp32", "adamw", 32, 128),
-    Case("gpt2-small", {"seq_len": 64}, "fp32", "sgd-momentum", 2, 8),
+    Case("mlp", {}, "fp32", "adamw", 1024, 4096, int(1.5 * GB)),
+    Case("resnet18", {"image_size": 64}, "fp32", "adamw", 32, 128, int(1.5 * GB)),
+    Case("gpt2-small", {"seq_len": 64}, "fp32", "sgd-momentum", 2, 8, int(2.5 * GB)),
+    Case("tiny-gpt2", {}, "fp32", "adamw", 64, 256, int(0.3 * GB)),
 ]
 
 
@@ -59,14 +68,27 @@ def _rss(pool: ThreadPoolExecutor, c: Case, batch: int, runs: int) -> list[int]:
     return [int(f.result().rss_delta_bytes) for f in [pool.submit(measure, req) for _ in range(runs)]]
 
 
-def _estimate(c: Case, batch: int, calibrate: bool, measured):
+def _estimate(c: Case, batch: int, calibrate: bool, measured, hardware: Any = "cpu"):
     from advisor.estimate import estimate_memory
 
-    return estimate_memory(c.workload, "cpu", batch, precision=c.precision, optimizer=c.optimizer,
-                           workload_args=c.args, calibrate=calibrate, measured=measured)
+    return estimate_memory(c.workload, hardware, batch, precision=c.precision, optimizer=c.optimizer,
+                           workload_args=c.args, calibrate=calibrate, measured=measured,
+                           margin=None if hardware == "cpu" else 0.0)
 
 
-def run_case(c: Case, pool: ThreadPoolExecutor) -> dict[str, Any]:
+def _max_batch(c: Case, pool: ThreadPoolExecutor, calibrate: bool, store) -> dict[str, Any]:
+    """The largest batch under the cap before and after the point in `store`; the one after, run 3 times."""
+    from advisor.hardware import get_hardware
+
+    hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": c.cap_bytes})
+    before = _estimate(c, c.target_batch, calibrate, False, hw).max_batch_size
+    after = _estimate(c, c.target_batch, calibrate, store, hw).max_batch_size
+    runs = _rss(pool, c, after, 3) if after else []
+    return {"before": before, "after": after, "after_runs": runs,
+            "after_fits": bool(runs) and statistics.median(runs) <= c.cap_bytes}
+
+
+def run_case(c: Case, pool: ThreadPoolExecutor, maxbatch: bool) -> dict[str, Any]:
     from advisor.hardware import get_hardware
     from advisor.peaks import JsonlPeaks, record_measured_peak
     from advisor.workload import load_workload
@@ -77,7 +99,8 @@ def run_case(c: Case, pool: ThreadPoolExecutor) -> dict[str, Any]:
     real = int(statistics.median(target_runs))
     rec: dict[str, Any] = {"workload": c.workload, "workload_args": c.args, "precision": c.precision,
                            "optimizer": c.optimizer, "trial_batch": c.trial_batch, "target_batch": c.target_batch,
-                           "trial_rss_bytes": trial, "target_rss_runs": target_runs, "target_rss_bytes": real}
+                           "cap_bytes": c.cap_bytes, "trial_rss_bytes": trial, "target_rss_runs": target_runs,
+                           "target_rss_bytes": real, "target_noise": (max(target_runs) - min(target_runs)) / real}
     for calibrate in (True, False):
         with tempfile.TemporaryDirectory(prefix="advisor-peaks-") as tmp:
             store = JsonlPeaks(tmp)
@@ -86,11 +109,13 @@ def run_case(c: Case, pool: ThreadPoolExecutor) -> dict[str, Any]:
             record_measured_peak(load_workload(c.workload, c.args), get_hardware("cpu"), at_trial.request, "none",
                                  trial, "cpu_rss", at_trial.total_bytes, store=store)
             after = _estimate(c, c.target_batch, calibrate, store)
-        tag = "calibrated" if calibrate else "uncalibrated"
-        rec[tag] = {"before_bytes": before.total_bytes, "after_bytes": after.total_bytes,
-                    "predicted_at_trial_bytes": at_trial.total_bytes, "refined_by": after.refined_by,
-                    "before_err": (before.total_bytes - real) / real, "after_err": (after.total_bytes - real) / real,
-                    "notes": after.notes}
+            tag = "calibrated" if calibrate else "uncalibrated"
+            rec[tag] = {"before_bytes": before.total_bytes, "after_bytes": after.total_bytes,
+                        "predicted_at_trial_bytes": at_trial.total_bytes, "refined_by": after.refined_by,
+                        "before_err": (before.total_bytes - real) / real, "after_err": (after.total_bytes - real) / real,
+                        "notes": after.notes}
+            if maxbatch:
+                rec[tag]["max_batch"] = _max_batch(c, pool, calibrate, store)
     rec["seconds"] = time.perf_counter() - t0
     return rec
 
@@ -101,24 +126,53 @@ def _pct(x: float) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     m = results["meta"]
-    lines = [f"Run {m['started']} on {m['host']} ({m['cpu_count']} CPUs, torch {m['torch']}), "
+    lines = [f"Run {m['started']} on {m['host']} ({m['cpu_count']} CPUs, torch {m['torch']}, advisor git {m['git']}), "
              f"load average {m['load_avg_start']}.", "",
-             "| workload | prec | opt | trial batch | trial RSS GB | target batch | real RSS GB (median of 3) | "
-             "calibrated: before | after | uncalibrated: before | after |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| workload | prec | opt | trial batch | trial RSS GB | target batch | real RSS GB (median of 3) | noise | "
+             "calibrated: before | after | uncalibrated: before | after |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["cases"]:
-        args = ",".join(f"{k}={v}" for k, v in r["workload_args"].items())
         cal, unc = r["calibrated"], r["uncalibrated"]
-        lines.append(f"| {r['workload']}{f' ({args})' if args else ''} | {r['precision']} | {r['optimizer']} | "
+        lines.append(f"| {_name(r)} | {r['precision']} | {r['optimizer']} | "
                      f"{r['trial_batch']} | {r['trial_rss_bytes'] / GB:.3f} | {r['target_batch']} | "
-                     f"{r['target_rss_bytes'] / GB:.3f} | {_pct(cal['before_err'])} | {_pct(cal['after_err'])} | "
-                     f"{_pct(unc['before_err'])} | {_pct(unc['after_err'])} |")
+                     f"{r['target_rss_bytes'] / GB:.3f} | {r['target_noise'] * 100:.1f}% | {_pct(cal['before_err'])} | "
+                     f"{_pct(cal['after_err'])} | {_pct(unc['before_err'])} | {_pct(unc['after_err'])} |")
+    rows = [r for r in results["cases"] if "max_batch" in r["calibrated"]]
+    if rows:
+        lines += ["", "Largest batch under the cap (margin 0), before and after the trial's point; the answer after "
+                  "it run 3 times (GB, median first):", "",
+                  "| workload | cap GB | calibrated: before | after | its runs | fits | uncalibrated: before | after | "
+                  "its runs | fits |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            cells = []
+            for tag in ("calibrated", "uncalibrated"):
+                mb = r[tag]["max_batch"]
+                runs = sorted(mb["after_runs"])
+                shown = (f"{statistics.median(runs) / GB:.3f} ({', '.join(f'{x / GB:.3f}' for x in runs)})"
+                         if runs else "-")
+                cells += [str(mb["before"]), str(mb["after"]), shown, "yes" if mb["after_fits"] else "NO"]
+            lines.append(f"| {_name(r)} | {r['cap_bytes'] / GB:.2f} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
+
+
+def _name(r: dict[str, Any]) -> str:
+    args = ",".join(f"{k}={v}" for k, v in r["workload_args"].items())
+    return f"{r['workload']}{f' ({args})' if args else ''}"
+
+
+def _git() -> str:
+    import subprocess
+
+    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "advisor", "probes"],
+                           capture_output=True, text=True).stdout.strip()
+    return (out.stdout.strip() or "unknown") + ("+changes" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "calibration.json")
     ap.add_argument("--only", default=None, help="comma-separated workload names")
+    ap.add_argument("--skip", default="", help="'maxbatch' leaves out the largest-batch part")
     args = ap.parse_args(argv)
     import logging
 
@@ -127,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("advisor").setLevel(logging.ERROR)
     cases = [c for c in CASES if not args.only or c.workload in args.only.split(",")]
     results: dict[str, Any] = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
-                                        "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                                        "cpu_count": os.cpu_count(), "torch": torch.__version__, "git": _git(),
                                         "load_avg_start": [round(x, 1) for x in os.getloadavg()]}, "cases": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=2) as pool:
         for c in cases:
-            rec = run_case(c, pool)
+            rec = run_case(c, pool, "maxbatch" not in args.skip.split(","))
             results["cases"].append(rec)
             print(f"{c.workload}: real {rec['target_rss_bytes'] / GB:.3f} GB at {c.target_batch}; calibrated "
                   f"{_pct(rec['calibrated']['before_err'])} -> {_pct(rec['calibrated']['after_err'])}, uncalibrated "

@@ -146,6 +146,21 @@ def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple
     return _fit(heap, [r - p - m for (_, r), (p, _, m) in zip(rss, split)], [r for _, r in rss])
 
 
+def with_measured_peaks(req: EstimateRequest, bm: BatchModel, first: Calibration | None,
+                        points: tuple[tuple[int, int], ...]) -> Calibration:
+    """The resident-set fit again with measured peaks (batch size, resident-set increase in bytes,
+    DESIGN.md's CPU protocol) as more runs beside `first`'s, each weighing like one of them: a trial's
+    resident set is one run, as noisy as any (identical runs here differ by up to ~10%). Without a
+    first calibration the points are the only runs: one fixes the intercept under the default's slope,
+    more draw the slope toward it as their span allows (`_fit`). No run is made here."""
+    ratio = first.hidden_ratio if first is not None else 0.0
+    rss = (first.rss if first is not None else ()) + tuple(points)
+    intercept, slope, spread = _fit_resident(req, bm, ratio, rss)
+    return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=ratio,
+                       batches=tuple(sorted({b for b, _ in rss})),
+                       used_real_traces=first.used_real_traces if first is not None else False, rss=rss)
+
+
 def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel, first: Calibration,
                      batch: int) -> Calibration | None:
     """A second round of resident-set runs at `batch` (a predicted largest batch far from the first

@@ -13,7 +13,7 @@ from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import Breakdown, EstimateRequest, MemoryEstimate
 from advisor.estimate.cuda_alloc import cublas_workspace_bytes
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
-from advisor.estimate.refine import Refinement, refine
+from advisor.estimate.refine import Refinement, cautious, refine, resident_note
 from advisor.estimate.roofline import step_time
 from advisor.estimate.strategy import heap_and_mapped, peak_breakdown, scaled_curve, touched_peak
 from advisor.estimate.trace import Trace, trace_training
@@ -55,7 +55,8 @@ class _Evaluator:
 
     def __init__(self, hw: HardwareSpec, req: EstimateRequest, bm: BatchModel, calib: CpuCalibration | None):
         self.hw, self.req, self.bm, self.calib = hw, req, bm, calib
-        self.refined: Refinement | None = None  # measured peaks of req's configuration (refine.py)
+        # CUDA: measured peaks of req's configuration (refine.py); a CPU's join `calib` instead
+        self.refined: Refinement | None = None
 
     def at(self, b: int, strategy: Strategy | None = None) -> tuple[Trace, int, dict[str, int], Overhead]:
         req = self.req if strategy is None else self.req.model_copy(update={"strategy": strategy})
@@ -75,6 +76,13 @@ class _Evaluator:
             allocated += workspace
             parts["temporaries"] += workspace
         return tr, allocated, parts, ov
+
+    def transient(self, b: int) -> int:
+        """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones plus
+        kernels' hidden buffers, as in `at`)."""
+        tr = self.bm.at(b)
+        _, heap, mapped = heap_and_mapped(scaled_curve(self.req, tr, self.hw.world_size), tr.synthetic)
+        return heap + (self.calib.hidden(heap + mapped) if self.calib else 0)
 
     def predicted_total(self, b: int) -> int:
         """The estimator's own total for the request at batch b (bytes), before measured peaks."""
@@ -179,10 +187,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
 
     ev = _Evaluator(hw, req, bm, calib)
     predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
-    if measured:
-        ev.refined = _measured_refinement(fingerprint, hw, req, compile_mode, predicts, measured, ev.predicted_total)
-        if ev.refined is not None:
-            notes.append(ev.refined.note())
+    points = _measured_points(fingerprint, hw, req, compile_mode, predicts, measured) if measured else []
+    if points:
+        ev = _measured_refinement(ev, points, notes)
     tr, allocated, parts, ov = ev.at(batch)
     total, _ = ev.total(batch)
     parts["overhead"] = total - sum(parts.values())
@@ -190,10 +197,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         parts["temporaries"] += parts["overhead"]
         parts["overhead"] = 0
     fits = total + ov.runtime <= usable
-    by_strategy = {s.value: ev.max_batch(usable, s) for s in _strategies(hw)}
-    if calib is not None and ev.refined is None:
-        again = _max_batch_near(ev, workload, workload_args, by_strategy[req.strategy.value], usable, notes)
-        by_strategy[req.strategy.value] = by_strategy[req.strategy.value] if again is None else again
+    by_strategy = _largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes)
     step_s = samples_s = None
     moved = tr.param_bytes * 3 + tr.opt_state_bytes * 2 + parts["activations"] * 2
     try:
@@ -206,7 +210,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         total_bytes=total, allocated_bytes=ov.allocated, breakdown=Breakdown(**parts), runtime_bytes=ov.runtime,
         device_memory_bytes=hw.memory_per_device_bytes, usable_bytes=usable, fits=fits,
         max_batch_size=by_strategy.get(req.strategy.value, ev.max_batch(usable)), max_batch_by_strategy=by_strategy,
-        method=used, calibrated=calib is not None, refined_by=ev.refined.points if ev.refined else 0, num_params=tr.num_params, flops_per_step=tr.flops_per_step,
+        method=used, calibrated=calib is not None, refined_by=len(points), num_params=tr.num_params, flops_per_step=tr.flops_per_step,
         predicted_step_s=step_s, predicted_samples_per_s=samples_s, notes=notes, seconds=time.perf_counter() - t0)
 
 
@@ -296,22 +300,54 @@ def _decoder_params(wl: Workload) -> int:
     return decoder_param_count(wl.decoder)
 
 
-def _measured_refinement(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest, compile_mode: str, predicts: str,
-                         measured: bool | MeasuredPeaks, predicted: Callable[[int], int]) -> Refinement | None:
-    """The store I/O at the estimator's edge: this configuration's measured peaks, fitted (refine.py).
-
-    A CPU's measured resident sets describe only the host they ran on, so a CPU target uses them
-    only when it is this machine; a GPU's carry over to devices of the same catalog model.
-    """
+def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest, compile_mode: str,
+                     predicts: str, measured: bool | MeasuredPeaks) -> list[tuple[int, int]]:
+    """The store I/O at the estimator's edge: (batch size, peak bytes) of this configuration's measured
+    peaks. A CPU's measured resident sets describe only the host they ran on, so a CPU target uses
+    them only when it is this machine; a GPU's carry over to devices of the same catalog model."""
     from advisor.peaks import default_peaks, device_key, point_key, request_knobs
 
     if hw.device_type == "cpu" and not hw.is_local:
-        return None
+        return []
     store = default_peaks() if measured is True else measured
     if not store.may_hold_points():
-        return None
+        return []
     key = point_key(fingerprint(), device_key(hw), request_knobs(req, hw.world_size, compile_mode, predicts))
-    return refine([(p.batch_size, p.peak_bytes) for p in store.points(key)], predicted)
+    return [(p.batch_size, p.peak_bytes) for p in store.points(key)]
+
+
+def _measured_refinement(ev: _Evaluator, points: list[tuple[int, int]], notes: list[str]) -> _Evaluator:
+    """Measured peaks refine the evaluator (refine.py says how, per device type)."""
+    if ev.hw.device_type == "cpu":
+        from advisor.estimate.calibrate import with_measured_peaks
+
+        calib = with_measured_peaks(ev.req, ev.bm, ev.calib, tuple(points))
+        notes.append(resident_note(points, calib, calibrated=ev.calib is not None))
+        return _Evaluator(ev.hw, ev.req, ev.bm, calib)
+    ev.refined = refine(points, ev.predicted_total)
+    notes.append(ev.refined.note())
+    return ev
+
+
+def _largest_batches(ev: _Evaluator, calibrated: bool, points: list[tuple[int, int]], workload: Workload | str,
+                     workload_args: dict[str, Any] | None, usable: int, notes: list[str]) -> dict[str, int]:
+    """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
+    it when calibrated; with measured peaks and no calibration runs, also solved with the fit's slope
+    one posterior SD steeper (refine.cautious), the smaller answer kept."""
+    by_strategy = {s.value: ev.max_batch(usable, s) for s in _strategies(ev.hw)}
+    own = ev.req.strategy.value
+    if calibrated and ev.refined is None:
+        again = _max_batch_near(ev, workload, workload_args, by_strategy[own], usable, notes)
+        by_strategy[own] = by_strategy[own] if again is None else again
+    elif points and ev.hw.device_type == "cpu" and ev.calib is not None:
+        steep = cautious(ev.calib, [ev.transient(b) for b, _ in points], [p for _, p in points])
+        answer = _Evaluator(ev.hw, ev.req, ev.bm, steep).max_batch(usable)
+        if answer < by_strategy[own]:
+            notes.append(f"largest batch {by_strategy[own]} -> {answer}: solved again with the resident-set slope "
+                         f"one posterior SD steeper ({steep.slope:.2f}), as the measured points alone say little "
+                         "about it far from them")
+            by_strategy[own] = answer
+    return by_strategy
 
 
 def _max_batch_near(ev: _Evaluator, workload: Workload | str, workload_args: dict[str, Any] | None, first: int,

@@ -1,27 +1,44 @@
 """Refine the predicted peak with measured peaks of the same workload, device and configuration.
 
-Pure: the measured (batch size, peak bytes) pairs come in, a curve of total bytes over the batch
-size comes out. Peak memory is close to affine in the batch size (parameters, gradients and
-optimizer state are constant; activations and the memory that holds them grow linearly), so:
+Pure: the measured (batch size, peak bytes) pairs come in, a refined estimate comes out. How they
+refine it depends on how repeatable the measured quantity is.
 
+CUDA (max_memory_allocated / reserved: identical runs give identical peaks). Peak memory is close
+to affine in the batch size (parameters, gradients and optimizer state are constant; activations
+and the memory that holds them grow linearly), so `refine`:
 - points at two or more batch sizes: least squares total(b) = intercept + slope x b, which
-  replaces the estimator's curve (its own slope included). A negative slope means the points are
-  noise (e.g. resident sets varying between identical runs by more than the batch adds): refused,
-  and the points only shift the estimator's curve by their mean residual, as below.
+  replaces the estimator's curve (its own slope included). A negative slope is refused (the points
+  then disagree with each other, not with the estimator), and the points only shift the
+  estimator's curve by their mean residual, as below.
 - points at one batch size: the estimator's curve shifted by measured - predicted there. A shift
   rather than a scale because the estimator's batch dependence comes from traced tensor sizes,
   which match real allocations within about 1%; what it misses is mostly outside the tensors
-  (the process's resident baseline, allocator retention), which barely depends on the batch. A
-  scale would also multiply the exactly known parameter and optimizer-state bytes and stretch
-  the curve's slope by the same factor.
+  (allocator retention, workspaces), which barely depends on the batch. A scale would also
+  multiply the exactly known parameter and optimizer-state bytes.
+
+CPU (the resident set: identical runs differ by up to ~10% here). One measured peak is one more
+run of the resident-set model the estimator already fits (resident = persistent + slope x
+transient + intercept, overhead.py), not a truth to move the whole curve to: shifting the curve by
+one run's residual carries its noise, and an error found at batch A, to every batch, where neither
+is the same (the resident set is convex in the batch, and glibc maps large allocations on their
+own). So measured resident sets join the calibration's runs in its fit, each weighing like one of
+them, the slope drawn toward the default's by how little their span says
+(calibrate.with_measured_peaks); without calibration runs they fix the intercept under the
+default's slope (one point) or fit both (points spanning more than their noise). Such a fit says
+little about the slope far from the points, so the largest batch of an uncalibrated estimate is
+also solved with the slope one posterior SD steeper, pivoting on the points (`cautious`), and the
+smaller answer kept: one trial at batch A must not send the next one to an OOM at 5 x A.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
+
+from advisor.estimate.calibrate import RUN_NOISE, SLOPE_PRIOR_SD
+from advisor.estimate.overhead import CpuCalibration
 
 
 @dataclass(frozen=True)
@@ -70,3 +87,24 @@ def refine(points: list[tuple[int, int]], predicted: Callable[[int], int]) -> Re
         refused = float(slope)
     residual = float(np.mean([yi - predicted(int(bi)) for bi, yi in zip(b, y)]))
     return Refinement(points=len(points), batches=batches, shift=residual, refused_slope=refused)
+
+
+def resident_note(points: list[tuple[int, int]], calib: CpuCalibration, calibrated: bool) -> str:
+    """What measured resident sets did to a CPU estimate, in one line."""
+    batches = ", ".join(map(str, sorted({b for b, _ in points})))
+    how = "joined the calibration runs in the resident-set fit" if calibrated else "fitted under the default slope's prior"
+    return (f"refined by {len(points)} measured peak(s) at batch size(s) {batches}, {how}: {calib.formula()} "
+            f"(runs within {calib.spread / 2**20:.0f} MiB of it)")
+
+
+def cautious(calib: CpuCalibration, transient: list[int], resident: list[int]) -> CpuCalibration:
+    """`calib` (fitted on runs at these transient peaks and resident sets, bytes) tilted one posterior
+    SD of its slope steeper about the runs' mean transient, so it still passes through them there.
+    The SD is calibrate._fit's: a normal prior of SLOPE_PRIOR_SD, and the runs' noise, taken as the
+    larger of RUN_NOISE of their resident set and how far they stray from the fit (its spread): one
+    point gives the prior's 0.35, points spanning far past their noise almost nothing."""
+    x = np.asarray(transient, float)
+    noise = max(RUN_NOISE * float(np.median(resident)), calib.spread, 1.0)
+    sxx = float(((x - x.mean()) ** 2).sum())
+    sd = (sxx / noise ** 2 + 1.0 / SLOPE_PRIOR_SD ** 2) ** -0.5
+    return replace(calib, slope=calib.slope + sd, intercept=calib.intercept - sd * float(x.mean()))
