@@ -288,9 +288,15 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
 def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResult) -> None:
     """A measured CUDA peak refines the estimator for this workload and device (advisor/peaks.py).
 
-    CPU peaks are not kept: a rank forked from the warm server has torch's compiler stack imported
-    already, which a fresh process (DESIGN.md's protocol, what the CPU estimate predicts) imports
-    while building its optimizer (~90 MB here), so the two do not measure the same thing.
+    CPU peaks are not kept: they differ from DESIGN.md's fresh-process peak, which the CPU estimate
+    predicts, by more than one run's noise and by no constant. The rank is forked from a server that
+    imported torch's compiler stack, which a fresh process imports while building its optimizer
+    (74-77 MB here, the same for every workload), but the trial's own loop (a DataLoader collating
+    per-sample items, op counting) holds 42-56 MB more than the protocol's make_batch loop, by
+    workload and batch. Trial vs fresh medians of 3 (MB, 2026-11-23, bench/BENCHMARKS.calibration.md):
+    tiny-gpt2 b64 116/149, mlp b1024 363/376, mlp b256 296/349, resnet18 b32 393/415, gpt2-small b2
+    1972/1998. Kept as they are, points 1-22% low would send the largest batch past the real one;
+    with the import added back they are 2-28% high. Protocol runs (advisor.measure) refine it.
     """
     if config.device != "cuda" or not result.peak_memory_bytes:
         return

@@ -13,7 +13,7 @@ from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import Breakdown, EstimateRequest, MemoryEstimate
 from advisor.estimate.cuda_alloc import cublas_workspace_bytes
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
-from advisor.estimate.refine import Refinement, cautious, refine, resident_note
+from advisor.estimate.refine import CAUTION, Refinement, cautious, refine, resident_note
 from advisor.estimate.roofline import step_time
 from advisor.estimate.strategy import heap_and_mapped, peak_breakdown, scaled_curve, touched_peak
 from advisor.estimate.trace import Trace, trace_training
@@ -333,7 +333,7 @@ def _largest_batches(ev: _Evaluator, calibrated: bool, points: list[tuple[int, i
                      workload_args: dict[str, Any] | None, usable: int, notes: list[str]) -> dict[str, int]:
     """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
     it when calibrated; with measured peaks and no calibration runs, also solved with the fit's slope
-    one posterior SD steeper (refine.cautious), the smaller answer kept."""
+    a few posterior SDs steeper (refine.cautious), the smaller answer kept."""
     by_strategy = {s.value: ev.max_batch(usable, s) for s in _strategies(ev.hw)}
     own = ev.req.strategy.value
     if calibrated and ev.refined is None:
@@ -344,7 +344,7 @@ def _largest_batches(ev: _Evaluator, calibrated: bool, points: list[tuple[int, i
         answer = _Evaluator(ev.hw, ev.req, ev.bm, steep).max_batch(usable)
         if answer < by_strategy[own]:
             notes.append(f"largest batch {by_strategy[own]} -> {answer}: solved again with the resident-set slope "
-                         f"one posterior SD steeper ({steep.slope:.2f}), as the measured points alone say little "
+                         f"{CAUTION:.0f} posterior SDs steeper ({steep.slope:.2f}), as the measured points alone say little "
                          "about it far from them")
             by_strategy[own] = answer
     return by_strategy

@@ -17,7 +17,7 @@ from advisor.estimate import estimate_memory
 from advisor.estimate.calibrate import SLOPE_PRIOR_SD
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CPU_DEFAULT, CpuCalibration
-from advisor.estimate.refine import refine
+from advisor.estimate.refine import CAUTION, refine
 from advisor.hardware import get_hardware
 from advisor.measure import MeasureRequest, measure
 from advisor.peaks import JsonlPeaks, record_measured_peak
@@ -108,7 +108,11 @@ def test_cpu_measured_peaks_join_the_resident_set_fit_and_give_its_largest_batch
     assert est.total_bytes == pytest.approx(resident[300], rel=0.01)
     note = next(n for n in est.notes if "refined by 2 measured peak(s)" in n)
     assert "0.70 x transient + 60 MiB" in note, note
-    assert 590 <= est.max_batch_size <= 600  # the recovered model meets the cap at 600
+    # The recovered model meets the cap at 600; the cautious slope, two posterior SDs steeper, is
+    # barely steeper where the points span far past their noise, so the answer stays near it.
+    steep = next(n for n in est.notes if "posterior SDs steeper" in n)
+    assert 0.70 < float(steep.split("steeper (")[1].split(")")[0]) < 0.8, steep
+    assert 0.95 * 600 <= est.max_batch_size <= 600
 
 
 def test_one_cpu_measured_peak_fixes_the_intercept_under_the_default_slope(tmp_path: Path) -> None:
@@ -123,12 +127,12 @@ def test_one_cpu_measured_peak_fixes_the_intercept_under_the_default_slope(tmp_p
     assert after512.total_bytes - base512.total_bytes == pytest.approx(40 * MB, abs=2)  # same slope, new intercept
     assert any(f"{CPU_DEFAULT.slope:.2f} x transient + {(CPU_DEFAULT.intercept + 40 * MB) / MiB:.0f} MiB" in n
                for n in after512.notes), after512.notes
-    # One batch size says nothing of the slope: the largest batch under a cap is solved with it one
-    # prior SD steeper too, through the point, and the smaller answer kept.
+    # One batch size says nothing of the slope: the largest batch under a cap is solved with it
+    # CAUTION prior SDs steeper too, through the point, and the smaller answer kept.
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": after512.total_bytes})
     capped = estimate_memory("tiny-gpt2", hw, 64, calibrate=False, measured=store, margin=0.0)
-    steeper = CPU_DEFAULT.slope + SLOPE_PRIOR_SD
-    assert any(f"one posterior SD steeper ({steeper:.2f})" in n for n in capped.notes), capped.notes
+    steeper = CPU_DEFAULT.slope + CAUTION * SLOPE_PRIOR_SD
+    assert any(f"posterior SDs steeper ({steeper:.2f})" in n for n in capped.notes), capped.notes
     assert 64 < capped.max_batch_size < 512  # 512 is where the fitted slope meets the cap
 
 

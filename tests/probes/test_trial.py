@@ -45,6 +45,15 @@ def test_ok_trial_reports_every_figure():
 
     assert r.environment.torch == torch.__version__
     assert r.overhead_s is not None and r.wall_s >= r.measured_s
+    # A forked CPU rank's peak is not DESIGN.md's fresh-process one (probes/runner.py _record_peak):
+    # it must not refine the CPU estimate.
+    from advisor.estimate.model import EstimateRequest
+    from advisor.fingerprint import workload_fingerprint
+    from advisor.peaks import default_peaks, point_key, request_knobs
+    from advisor.workload import load_workload
+
+    knobs = request_knobs(EstimateRequest(batch_size=4), 1, "none", "cpu_rss")
+    assert default_peaks().points(point_key(workload_fingerprint(load_workload("tiny-gpt2")), "cpu", knobs)) == []
 
 
 def test_workers_are_processes_and_grad_accum_takes_micro_batches(tmp_path):
