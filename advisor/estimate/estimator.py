@@ -64,8 +64,7 @@ class _Evaluator:
         curve = scaled_curve(req, tr, self.hw.world_size)
         allocated, parts = peak_breakdown(curve)
         if self.hw.device_type == "cpu":
-            persistent, heap, mapped = heap_and_mapped(curve, tr.synthetic, tr.untouched)
-            hidden = self.calib.hidden(heap + mapped) if self.calib else 0
+            persistent, heap, mapped, hidden = self._cpu_terms(curve, tr)
             allocated += hidden  # kernels' own buffers, seen only by real runs: counted as temporaries
             parts["temporaries"] += hidden
             ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, mapped,
@@ -77,12 +76,18 @@ class _Evaluator:
             parts["temporaries"] += workspace
         return tr, allocated, parts, ov
 
+    def _cpu_terms(self, curve, tr: Trace) -> tuple[int, int, int, int]:
+        """(persistent peak, heap-served transient peak, mapped transient peak, kernels' hidden buffers)
+        of a CPU curve (bytes): what the resident-set model takes."""
+        persistent, heap, mapped = heap_and_mapped(curve, tr.synthetic, tr.untouched)
+        return persistent, heap, mapped, (self.calib.hidden(heap + mapped) if self.calib else 0)
+
     def transient(self, b: int) -> int:
         """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones plus
         kernels' hidden buffers, as in `at`)."""
         tr = self.bm.at(b)
-        _, heap, mapped = heap_and_mapped(scaled_curve(self.req, tr, self.hw.world_size), tr.synthetic)
-        return heap + (self.calib.hidden(heap + mapped) if self.calib else 0)
+        _, heap, _, hidden = self._cpu_terms(scaled_curve(self.req, tr, self.hw.world_size), tr)
+        return heap + hidden
 
     def predicted_total(self, b: int) -> int:
         """The estimator's own total for the request at batch b (bytes), before measured peaks."""
