@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from advisor.estimate import estimate_memory
-from advisor.estimate.calibrate import _fit
+from advisor.estimate.calibrate import _fit, calibration_batches
 from advisor.estimate.overhead import CPU_DEFAULT
 from advisor.hardware import get_hardware
 from advisor.measure import MeasureRequest, measure
@@ -26,6 +26,16 @@ def test_runs_spanning_little_next_to_their_noise_keep_the_slope_near_the_defaul
     # One run: the default's slope, and the intercept puts the fit through the run.
     intercept, slope, spread = _fit([100 * MB], [250 * MB], [400 * MB])
     assert slope == CPU_DEFAULT.slope and intercept + slope * 100 * MB == pytest.approx(250 * MB) and spread < 1
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 7, 8, 9, 12, 15, 16, 17, 64, 1000])
+def test_calibration_runs_stay_at_or_below_half_the_batch_and_leave_batch_one_out_from_eight(batch: int) -> None:
+    sizes = calibration_batches(batch)
+    assert list(sizes) == sorted(set(sizes)) and sizes[-1] <= max(1, batch // 2)
+    if batch >= 8:  # batch 1 takes other kernels' paths: three sizes from 2 up instead
+        assert len(sizes) == 3 and sizes[0] >= 2
+    else:
+        assert sizes[0] == 1
 
 
 def test_runs_spanning_far_past_their_noise_give_their_own_slope() -> None:
