@@ -214,7 +214,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         workload=wl.name, hardware=hw.accelerator.name, request=req, world_size=hw.world_size, predicts=predicts,
         total_bytes=total, allocated_bytes=ov.allocated, breakdown=Breakdown(**parts), runtime_bytes=ov.runtime,
         device_memory_bytes=hw.memory_per_device_bytes, usable_bytes=usable, fits=fits,
-        max_batch_size=by_strategy.get(req.strategy.value, ev.max_batch(usable)), max_batch_by_strategy=by_strategy,
+        max_batch_size=by_strategy[req.strategy.value], max_batch_by_strategy=by_strategy,
         method=used, calibrated=calib is not None, refined_by=len(points), num_params=tr.num_params, flops_per_step=tr.flops_per_step,
         predicted_step_s=step_s, predicted_samples_per_s=samples_s, notes=notes, seconds=time.perf_counter() - t0)
 
