@@ -70,9 +70,11 @@ def _estimator(acc: Path) -> list[str]:
     parts.append(_section(acc, "Summary"))
     parts.append(_section(acc, "Cases"))
     parts.append(_section(RESULTS / "speed.md", "Estimator speed"))
-    parts.append(_section(RESULTS / "maxbatch.md", "Largest batch under a memory cap"))
-    parts.append("Quick mode (`--quick`), earlier in the session:\n\n"
-                 + _section(RESULTS / "accuracy-quick.md", "Largest batch under a memory cap").split("\n", 1)[1])
+    parts.append(_section(RESULTS / "maxbatch.md", "Largest batch under a memory cap", notes="maxbatch"))
+    quick = RESULTS / "accuracy-quick.md"
+    if quick.exists():  # never from BENCHMARKS.md itself: that would nest the section in itself on every run
+        parts.append("Quick mode (`--quick`), earlier in the session:\n\n"
+                     + _section(quick, "Largest batch under a memory cap").split("\n", 1)[1])
     return parts
 
 
