@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.errors import ProbeError
-from advisor.hardware.cpupeak import probe_cpu_spec
+from advisor.hardware.cpupeak import bf16_unit, probe_cpu_spec, usable_core_count
 from advisor.hardware.procfs import PROC, SYS, parse_cpulist
 from advisor.hardware.procfs import read_optional as _read_optional
 from advisor.hardware.procfs import read_text as _read
@@ -82,10 +82,6 @@ def cpu_model_name(proc: Path = PROC) -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-# /proc/cpuinfo flags (x86 "flags", Arm "Features") that give bf16 matrix math.
-BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
-
-
 def cpu_flags(proc: Path = PROC) -> frozenset[str]:
     """The first CPU's feature flags from /proc/cpuinfo (x86 'flags', Arm 'Features'); empty if none."""
     for line in _read(proc / "cpuinfo").splitlines():
@@ -98,24 +94,16 @@ def cpu_flags(proc: Path = PROC) -> frozenset[str]:
 @functools.lru_cache(maxsize=1)
 def cpu_has_bf16_units() -> bool:
     """Whether this machine's CPU has bf16 math instructions (cached: the flags do not change)."""
-    return bool(BF16_FLAGS & cpu_flags())
+    return bf16_unit(cpu_flags()) is not None
 
 
 def physical_core_count(sys_root: Path = SYS) -> int | None:
     """Distinct (physical_package_id, core_id) pairs over the online CPUs; None without sysfs topology."""
-    cpu_dir = sys_root / "devices" / "system" / "cpu"
-    online = _read_optional(cpu_dir / "online")
+    online = _read_optional(sys_root / "devices" / "system" / "cpu" / "online")
     if online is None:
         return None
-    cores: set[tuple[str, str]] = set()
-    for cpu in parse_cpulist(online):
-        topo = cpu_dir / f"cpu{cpu}" / "topology"
-        package = _read_optional(topo / "physical_package_id")
-        core = _read_optional(topo / "core_id")
-        if package is None or core is None:
-            return None
-        cores.add((package.strip(), core.strip()))
-    return len(cores) or None
+    cores, source = usable_core_count(parse_cpulist(online), sys_root)
+    return cores if source == "topology" and cores else None
 
 
 def cpu_info(proc: Path = PROC, sys_root: Path = SYS, cpus: list[int] | None = None) -> CpuInfo:
@@ -130,7 +118,7 @@ def cpu_info(proc: Path = PROC, sys_root: Path = SYS, cpus: list[int] | None = N
         # Without sysfs topology, assume no SMT rather than guess a ratio.
         physical_cores=physical_core_count(sys_root) or logical,
         usable_cores=len(os.sched_getaffinity(0)),
-        bf16_units=bool(BF16_FLAGS & cpu_flags(proc)),
+        bf16_units=spec.bf16_unit is not None,
         spec=spec,
         peak_tflops=spec.peak_tflops(),
     )
