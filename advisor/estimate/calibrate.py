@@ -102,6 +102,12 @@ RUN_NOISE = 0.02
 SLOPE_PRIOR_SD = 0.35
 
 
+def slope_precision(sxx: float, noise_var: float) -> float:
+    """1 / variance of the resident-set slope's posterior: the runs' centred transient spread `sxx`
+    (bytes^2) over their noise variance, plus the normal prior's (SLOPE_PRIOR_SD about the default)."""
+    return sxx / noise_var + 1.0 / SLOPE_PRIOR_SD ** 2
+
+
 def _fit(transient: list[int], extra: list[float], resident: list[int]) -> tuple[float, float, float]:
     """extra = intercept + slope x transient, by least squares with the slope drawn toward the
     default's (the posterior mean under a normal prior on it): where the runs' transient bytes span
@@ -116,8 +122,7 @@ def _fit(transient: list[int], extra: list[float], resident: list[int]) -> tuple
     if len(x) > 2 and sxx > 0:
         free = float(xc @ yc) / sxx
         noise_var = max(noise_var, float(((yc - free * xc) ** 2).sum()) / (len(x) - 2))
-    prior = 1.0 / SLOPE_PRIOR_SD ** 2
-    slope = (float(xc @ yc) / noise_var + prior * CPU_DEFAULT.slope) / (sxx / noise_var + prior)
+    slope = (float(xc @ yc) / noise_var + CPU_DEFAULT.slope / SLOPE_PRIOR_SD ** 2) / slope_precision(sxx, noise_var)
     slope = float(np.clip(slope, *SLOPE_BOUNDS))
     intercept = float(np.mean(y - slope * x))
     return intercept, slope, float(np.abs(y - slope * x - intercept).max())

@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from advisor.estimate.calibrate import RUN_NOISE, SLOPE_PRIOR_SD
+from advisor.estimate.calibrate import RUN_NOISE, slope_precision
 from advisor.estimate.overhead import CpuCalibration
 
 
@@ -108,12 +108,13 @@ CAUTION = 2.0
 def cautious(calib: CpuCalibration, transient: list[int], resident: list[int]) -> CpuCalibration:
     """`calib` (fitted on runs at these transient peaks and resident sets, bytes) tilted CAUTION
     posterior SDs of its slope steeper about the runs' mean transient, so it still passes through them
-    there. The SD is calibrate._fit's: a normal prior of SLOPE_PRIOR_SD, and the runs' noise, taken as
-    the larger of RUN_NOISE of their resident set and how far they stray from the fit (its spread):
-    one point gives the prior's 0.35, points spanning far past their noise almost nothing."""
+    there. The SD is the posterior of calibrate._fit's prior (calibrate.slope_precision), with the
+    runs' noise taken as the larger of RUN_NOISE of their resident set and the fit's spread (its
+    largest residual, where _fit uses their RMS: the wider of the two): one point gives the prior's
+    0.35, points spanning far past their noise almost nothing."""
     x = np.asarray(transient, float)
     noise = max(RUN_NOISE * float(np.median(resident)), calib.spread, 1.0)
     sxx = float(((x - x.mean()) ** 2).sum())
-    sd = (sxx / noise ** 2 + 1.0 / SLOPE_PRIOR_SD ** 2) ** -0.5
+    sd = slope_precision(sxx, noise ** 2) ** -0.5
     tilt = CAUTION * sd
     return replace(calib, slope=calib.slope + tilt, intercept=calib.intercept - tilt * float(x.mean()))
