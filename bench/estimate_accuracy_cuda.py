@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,48 +99,87 @@ def memtracker_cuda(workload: str, args: dict[str, Any], batch: int, precision: 
     return {"peak_bytes": sum(int(dev["Total"]) for dev in snap.values()), "seconds": time.perf_counter() - t0}
 
 
-def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, hw, pool: ThreadPoolExecutor) -> dict[str, Any]:
+def estimate_fields(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> dict[str, Any]:
+    """Our estimate of one case for the local GPU, as the record's fields (a `problems` list on failure).
+    Runs in this process or in a worker of --jobs: the estimate traces on the host's CPU only."""
+    import logging
+
     from advisor.estimate.estimator import estimate_memory
+    from advisor.hardware import get_hardware
+
+    logging.getLogger("advisor").setLevel(logging.ERROR)
+    try:
+        est = estimate_memory(wc.workload, get_hardware("local"), batch, precision=precision, optimizer=optimizer,
+                              workload_args=wc.args)
+    except Exception as exc:  # noqa: BLE001 - record and go on
+        return {"problems": [f"estimate: {type(exc).__name__}: {exc}"]}
+    return dict(est_total_bytes=est.total_bytes, est_allocated_bytes=est.allocated_bytes, method=est.method,
+                predicts=est.predicts, num_params=est.num_params, est_seconds=est.seconds,
+                est_runtime_bytes=est.runtime_bytes, breakdown=est.breakdown.model_dump(), problems=[])
+
+
+def new_record(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> dict[str, Any]:
+    return {"key": case_key(wc, precision, optimizer, batch), "kind": wc.kind, "workload": wc.workload,
+            "workload_args": wc.args, "precision": precision, "optimizer": optimizer, "batch_size": batch,
+            "errors": {}, "problems": []}
+
+
+def measure_fields(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool: ThreadPoolExecutor) -> dict[str, Any]:
+    """The measured peaks of one case (a fresh process on the GPU) and MemTracker's (another), at once."""
     from advisor.measure import MeasureRequest, measure
 
-    rec: dict[str, Any] = {"key": case_key(wc, precision, optimizer, batch), "kind": wc.kind, "workload": wc.workload,
-                           "workload_args": wc.args, "precision": precision, "optimizer": optimizer,
-                           "batch_size": batch, "errors": {}, "problems": []}
-    t0 = time.perf_counter()
     req = MeasureRequest(workload=wc.workload, workload_args=wc.args, batch_size=batch, precision=precision,
                          optimizer=optimizer, mode="cuda")
     real_f = pool.submit(measure, req)
     mt_f = pool.submit(_child_memtracker, wc, batch, precision, optimizer)
+    out: dict[str, Any] = {"problems": []}
     try:
-        est = estimate_memory(wc.workload, hw, batch, precision=precision, optimizer=optimizer, workload_args=wc.args)
-        rec.update(est_total_bytes=est.total_bytes, est_allocated_bytes=est.allocated_bytes, method=est.method,
-                   predicts=est.predicts, num_params=est.num_params, est_seconds=est.seconds,
-                   est_runtime_bytes=est.runtime_bytes,
-                   breakdown=est.breakdown.model_dump())
-    except Exception as exc:  # noqa: BLE001 - record and go on
-        rec["problems"].append(f"estimate: {type(exc).__name__}: {exc}")
-    try:
-        rec["memtracker_bytes"] = mt_f.result()["peak_bytes"]
+        out["memtracker_bytes"] = mt_f.result()["peak_bytes"]
     except Exception as exc:  # noqa: BLE001
-        rec["problems"].append(f"memtracker: {exc}")
+        out["problems"].append(f"memtracker: {exc}")
     try:
         real = real_f.result()
-        rec.update(alloc_bytes=real.alloc_peak_bytes, reserved_bytes=real.cuda_reserved_bytes,
+        out.update(alloc_bytes=real.alloc_peak_bytes, reserved_bytes=real.cuda_reserved_bytes,
                    context_bytes=real.cuda_context_bytes)
     except Exception as exc:  # noqa: BLE001
-        rec["problems"].append(f"measure: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        out["problems"].append(f"measure: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    return out
+
+
+MEASURED_FIELDS = ("memtracker_bytes", "alloc_bytes", "reserved_bytes", "context_bytes")
+
+
+def score(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record's errors: ours, the anchors and MemTracker against the measured peaks."""
     p = rec.get("num_params")
     anchors = {"rule24": anchor_rule24(p), "accelerate": anchor_accelerate(p), "deepspeed": anchor_deepspeed(p)} if p else {}
     res, alloc = rec.get("reserved_bytes"), rec.get("alloc_bytes")
-    e = rec["errors"]
+    e = rec["errors"] = {}
     e["ours_vs_reserved"] = rel(rec.get("est_total_bytes"), res)
     e["ours_vs_alloc"] = rel(rec.get("est_allocated_bytes"), alloc)
     for name, val in anchors.items():
         e[f"{name}_vs_reserved"] = rel(val, res)
     e["memtracker_vs_reserved"] = rel(rec.get("memtracker_bytes"), res)
     e["memtracker_vs_alloc"] = rel(rec.get("memtracker_bytes"), alloc)
-    rec["seconds"] = time.perf_counter() - t0
     return rec
+
+
+def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool: ThreadPoolExecutor,
+             estimate: Future | None = None) -> dict[str, Any]:
+    """Measure one case while its estimate runs (here, or already submitted to a worker: `estimate`)."""
+    rec = new_record(wc, precision, optimizer, batch)
+    t0 = time.perf_counter()
+    measured_f = pool.submit(measure_fields, wc, precision, optimizer, batch, pool) if estimate is None else None
+    if estimate is None:
+        est = estimate_fields(wc, precision, optimizer, batch)
+        measured = measured_f.result()
+    else:
+        measured = measure_fields(wc, precision, optimizer, batch, pool)
+        est = estimate.result()
+    rec.update({k: v for k, v in est.items() if k != "problems"}, **{k: v for k, v in measured.items() if k != "problems"})
+    rec["problems"] = est["problems"] + measured["problems"]
+    rec["seconds"] = time.perf_counter() - t0
+    return score(rec)
 
 
 def _child_memtracker(wc: WorkloadCase, batch: int, precision: str, optimizer: str) -> dict[str, Any]:
@@ -240,6 +281,20 @@ def case_row(c: dict[str, Any]) -> list[str]:
             _pct(e.get("memtracker_vs_alloc"))]
 
 
+def _kept_note(cases: list[dict[str, Any]]) -> list[str]:
+    """A line saying which cases' measured peaks come from an earlier run (--reestimate), if any."""
+    kept: dict[str, int] = {}
+    for c in cases:
+        if c.get("measured_in"):
+            kept[c["measured_in"]] = kept.get(c["measured_in"], 0) + 1
+    if not kept:
+        return []
+    runs = "; ".join(f"{n} measured in the run of {when}" for when, n in kept.items())
+    return [f"Estimated again in this run with the current code (`--reestimate`); measured peaks kept from an earlier run "
+            f"on the same kind of GPU, where the caching allocator's peaks are deterministic: {runs}. The others were "
+            "measured in this run.", ""]
+
+
 def write_markdown(path: Path, res: dict[str, Any]) -> None:
     meta = res["meta"]
     srows = []
@@ -255,6 +310,7 @@ def write_markdown(path: Path, res: dict[str, Any]) -> None:
         f"{meta['python']}), hardware 'local' = {meta['hardware']}, {len(res['cases'])} of {meta['planned_cases']} "
         f"cases{'' if meta.get('finished') else ' (stopped early: the lease ran out)'}. advisor git "
         f"{meta['source']['git_head']} (sha256 {meta['source']['sha256']}).", "",
+        *_kept_note(res["cases"]),
         "Measured: one fresh process per case, `reset_peak_memory_stats()` before the build, peaks over 3 optimizer "
         "steps (DESIGN.md). Ours: `estimate_memory(workload, 'local', batch, precision, optimizer)`, no real run. "
         "Relative error = (estimate − measured) / measured.", "",
@@ -282,12 +338,36 @@ def write_markdown(path: Path, res: dict[str, Any]) -> None:
     _atomic_write(path, "\n".join(parts))
 
 
+@contextmanager
+def _estimators(jobs: int):
+    """A pool of `jobs` fresh worker processes for estimates (spawned: no CUDA state inherited), or None."""
+    if jobs <= 0:
+        yield None
+        return
+    import multiprocessing as mp
+
+    threads = max(1, (len(os.sched_getaffinity(0)) - 2) // jobs)  # two CPUs left to the measuring children
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_worker_threads,
+                             initargs=(threads,)) as workers:
+        yield workers
+
+
+def _worker_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "accuracy-cuda.json")
     ap.add_argument("--resume", action="store_true", help="keep the cases already in --out and run only the rest")
     ap.add_argument("--budget-s", type=float, default=None, help="start no new case after this many seconds")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: accuracy, maxbatch")
+    ap.add_argument("--reestimate", action="store_true", help="with --resume: estimate the kept cases again with "
+                    "the current code; their measured peaks stay (identical runs give identical CUDA peaks)")
+    ap.add_argument("--jobs", type=int, default=0, help="estimate in this many worker processes, ahead of the "
+                    "measurements (0: each estimate beside its own measurement, in this process)")
     ap.add_argument("--render-only", action="store_true", help="rewrite the markdown from --out and print it")
     ap.add_argument("--child-memtracker-cuda", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -327,9 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         "cases": [], "summary": {}, "max_batch": [],
     }
     done: dict[str, dict[str, Any]] = {}
+    prev_run = None
     if args.resume and args.out.exists():
         prev = json.loads(args.out.read_text())
-        done = {c["key"]: c for c in prev["cases"] if c.get("reserved_bytes") and c.get("est_total_bytes")}
+        done = {c["key"]: c for c in prev["cases"] if c.get("reserved_bytes") and (c.get("est_total_bytes") or args.reestimate)}
+        prev_run = f"{prev['meta']['started']} (torch {prev['meta']['torch']})"
         res["max_batch"] = [m for m in prev.get("max_batch", []) if m.get("real")]
     md = args.out.with_suffix(".md")
 
@@ -342,24 +424,43 @@ def main(argv: list[str] | None = None) -> int:
         return args.budget_s is not None and time.perf_counter() - t_start > args.budget_s
 
     stopped = False
-    with ThreadPoolExecutor(max_workers=2) as pool:  # the measurement and MemTracker, each in a child
+    # the measurement, MemTracker (each in a child) and the thread waiting on both
+    with ThreadPoolExecutor(max_workers=3) as pool, _estimators(args.jobs) as workers:
+        # --jobs: every estimate the plan needs is submitted at once to worker processes (the host's
+        # CPUs trace while the GPU measures); without it each runs here beside its measurement
+        ahead: dict[str, Future] = {}
+        if workers is not None:
+            for wc, prec, opt, b in plan:
+                key = case_key(wc, prec, opt, b)
+                if key not in done or args.reestimate:
+                    ahead[key] = workers.submit(estimate_fields, wc, prec, opt, b)
         for i, (wc, prec, opt, b) in enumerate(plan):
             key = case_key(wc, prec, opt, b)
-            if key in done:
+            if key in done and not args.reestimate:
                 res["cases"].append(done[key])
                 continue
             if out_of_time():
                 stopped = True
                 break
-            rec = run_case(wc, prec, opt, b, hw, pool)
+            if key in done:  # measured peaks kept (the caching allocator's are deterministic); estimated again
+                rec = {k: v for k, v in done[key].items() if k in MEASURED_FIELDS or k in new_record(wc, prec, opt, b)}
+                est = ahead[key].result() if key in ahead else estimate_fields(wc, prec, opt, b)
+                rec.update({k: v for k, v in est.items() if k != "problems"}, problems=est["problems"])
+                rec["measured_in"] = done[key].get("measured_in", prev_run)
+                rec = score(rec)
+            else:
+                rec = run_case(wc, prec, opt, b, pool, ahead.get(key))
             res["cases"].append(rec)
             e = rec["errors"]
             print(f"[{i + 1}/{len(plan)}] {wc.workload} {prec} {opt} b={b}: reserved {_gb(rec.get('reserved_bytes'))} GB, "
                   f"ours {_gb(rec.get('est_total_bytes'))} ({_pct(e.get('ours_vs_reserved'))}); allocated "
                   f"{_gb(rec.get('alloc_bytes'))}, ours {_pct(e.get('ours_vs_alloc'))}; MemTracker "
-                  f"{_pct(e.get('memtracker_vs_alloc'))}; {rec['seconds']:.0f} s"
+                  f"{_pct(e.get('memtracker_vs_alloc'))}"
+                  + (f"; {rec['seconds']:.0f} s" if "seconds" in rec else "; measured peaks kept")
                   + (f"; problems: {'; '.join(rec['problems'])}" if rec["problems"] else ""), flush=True)
             save()
+        for f in ahead.values():
+            f.cancel()
     have = {(m["workload"], m["precision"]) for m in res["max_batch"]}
     for mc in ([] if "maxbatch" in skip else CUDA_MAX_BATCH):
         if (mc.workload, mc.precision) in have or out_of_time():
