@@ -13,7 +13,6 @@ Run as `python -m advisor.measure '<json request>'`; prints one JSON line.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

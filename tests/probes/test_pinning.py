@@ -17,7 +17,7 @@ from advisor.errors import SpecError
 from advisor.hardware.nvml import GpuInfo
 from advisor.hardware.probe import LocalProbe
 from advisor.hardware.sysinfo import format_cpulist, numa_nodes, parse_cpulist, probe_host
-from probes.pinning import PinPlan, apply_pinning, plan_pinning, verify_pinning, worker_init_fn
+from probes.pinning import PinPlan, plan_pinning, verify_pinning, worker_init_fn
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = sorted(os.sched_getaffinity(0))
