@@ -70,7 +70,7 @@ def _build_parser() -> argparse.ArgumentParser:
     est.add_argument("--offload-optimizer", action="store_true", help="optimizer state and step on the host")
     est.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameters on the host")
     est.add_argument("--method", choices=["auto", "traced", "analytic"], default="auto")
-    est.add_argument("--no-calibrate", action="store_true", help="no short real run on this CPU")
+    est.add_argument("--no-calibrate", action="store_true", help="no short real run on this CPU, and no cuDNN workspace sized on this GPU")
     est.add_argument("--margin", type=float, default=None, help="fraction of device memory kept free (default 0.05)")
     est.add_argument("--json", action="store_true", help="print JSON instead of a table")
 

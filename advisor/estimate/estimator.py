@@ -11,11 +11,11 @@ from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.errors import EstimateError, SpecError
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import Breakdown, EstimateRequest, MemoryEstimate
-from advisor.estimate.cuda_alloc import cublas_workspace_bytes
-from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
-from advisor.estimate.refine import CAUTION, Refinement, cautious, refine, resident_note
+from advisor.estimate.evaluator import Evaluator
+from advisor.estimate.largest import largest_batches, max_batch_traced
+from advisor.estimate.overhead import CpuCalibration
+from advisor.estimate.refine import refine, resident_note
 from advisor.estimate.roofline import step_time
-from advisor.estimate.strategy import heap_and_mapped, peak_breakdown, scaled_curve, touched_peak
 from advisor.estimate.trace import Trace, trace_training
 from advisor.fingerprint import workload_fingerprint
 from advisor.hardware.spec import HardwareSpec
@@ -25,20 +25,6 @@ if TYPE_CHECKING:
     from advisor.peaks import MeasuredPeaks
 
 log = logging.getLogger(__name__)
-MAX_BATCH_LIMIT = 1 << 22  # samples: the search stops here
-# A second calibration round at the predicted largest batch (twice) and half of it runs only when
-# the predicted resident set at the largest is at most this share of this host's memory (two runs
-# go at once): cheap runs, no risk to the host. Asked about this host's own memory, the largest batch
-# is about all of it, so the common `estimate` on the local CPU never pays for the round.
-RECALIBRATE_HOST_SHARE = 0.3
-# Another round runs where the re-solved answer moved more than this share away from the batch the
-# round ran at, up to NEAR_ROUNDS rounds in all.
-NEAR, NEAR_ROUNDS = 0.1, 3
-# ... and never this many times past the largest batch already run. The host-share bound above
-# trusts the batch model being checked; this one does not: a model that barely grows (it happened,
-# bf16 traces whose frees came in another order, fixed in batchmodel.py) would send a real run to
-# a batch that takes the host's memory.
-NEAR_REACH = 64
 
 
 def _resolve(workload: Workload | str, hardware: HardwareSpec | str, workload_args: dict[str, Any] | None):
@@ -50,82 +36,6 @@ def _resolve(workload: Workload | str, hardware: HardwareSpec | str, workload_ar
     return wl, hw
 
 
-class _Evaluator:
-    """Totals for one (workload, hardware, request) at any batch size."""
-
-    def __init__(self, hw: HardwareSpec, req: EstimateRequest, bm: BatchModel, calib: CpuCalibration | None):
-        self.hw, self.req, self.bm, self.calib = hw, req, bm, calib
-        # CUDA: measured peaks of req's configuration (refine.py); a CPU's join `calib` instead
-        self.refined: Refinement | None = None
-
-    def at(self, b: int, strategy: Strategy | None = None) -> tuple[Trace, int, dict[str, int], Overhead]:
-        req = self.req if strategy is None else self.req.model_copy(update={"strategy": strategy})
-        tr = self.bm.at(b)
-        curve = scaled_curve(req, tr, self.hw.world_size)
-        allocated, parts = peak_breakdown(curve)
-        if self.hw.device_type == "cpu":
-            persistent, heap, mapped, hidden = self._cpu_terms(curve, tr)
-            allocated += hidden  # kernels' own buffers, seen only by real runs: counted as temporaries
-            parts["temporaries"] += hidden
-            ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, mapped,
-                              floor=touched_peak(curve, tr.untouched) + hidden)
-        else:
-            workspace = cublas_workspace_bytes(self.hw.accelerator.name)
-            ov = cuda_overhead(tr, allocated, workspace)
-            allocated += workspace
-            parts["temporaries"] += workspace
-        return tr, allocated, parts, ov
-
-    def _cpu_terms(self, curve, tr: Trace) -> tuple[int, int, int, int]:
-        """(persistent peak, heap-served transient peak, mapped transient peak, kernels' hidden buffers)
-        of a CPU curve (bytes): what the resident-set model takes."""
-        persistent, heap, mapped = heap_and_mapped(curve, tr.synthetic, tr.untouched)
-        return persistent, heap, mapped, (self.calib.hidden(heap + mapped) if self.calib else 0)
-
-    def transient(self, b: int) -> int:
-        """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones plus
-        kernels' hidden buffers, as in `at`)."""
-        tr = self.bm.at(b)
-        _, heap, _, hidden = self._cpu_terms(scaled_curve(self.req, tr, self.hw.world_size), tr)
-        return heap + hidden
-
-    def predicted_total(self, b: int) -> int:
-        """The estimator's own total for the request at batch b (bytes), before measured peaks."""
-        return self.at(b)[3].total
-
-    def total(self, b: int, strategy: Strategy | None = None) -> tuple[int, int]:
-        """(total, runtime) at batch b (bytes); measured peaks refine the request's own strategy only."""
-        _, _, _, ov = self.at(b, strategy)
-        if self.refined is not None and strategy in (None, self.req.strategy):
-            return self.refined.total(b, self.predicted_total), ov.runtime
-        return ov.total, ov.runtime
-
-    def device_bytes(self, b: int, strategy: Strategy | None = None) -> int:
-        return sum(self.total(b, strategy))
-
-    def max_batch(self, usable: int, strategy: Strategy | None = None) -> int:
-        """The largest batch whose total fits `usable`, a calibration's run-to-run spread kept clear."""
-        usable -= int(self.calib.spread) if self.calib is not None and self.refined is None else 0
-        if self.device_bytes(1, strategy) > usable:
-            return 0
-        lo, hi = 1, 2
-        while hi < MAX_BATCH_LIMIT and self.device_bytes(hi, strategy) <= usable:
-            lo, hi = hi, hi * 2
-        if hi >= MAX_BATCH_LIMIT:
-            return lo
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.device_bytes(mid, strategy) <= usable:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-
-def _strategies(hw: HardwareSpec) -> list[Strategy]:
-    return [Strategy.single] if hw.world_size == 1 else list(Strategy)
-
-
 def _trace_impl(req: EstimateRequest, device_type: str) -> str | None:
     """The optimizer implementation the target runs. The trace runs on the CPU, where torch's default
     is the per-parameter loop; on CUDA its default is foreach, whose ops allocate every parameter's
@@ -135,12 +45,31 @@ def _trace_impl(req: EstimateRequest, device_type: str) -> str | None:
     return req.optimizer_impl
 
 
-def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu") -> BatchModel:
+def _local_cuda(hw: HardwareSpec) -> bool:
+    """Whether the target is this machine's GPU and torch can reach it (its kernels' workspaces can
+    then be sized for real, as a CPU target's are)."""
+    if hw.device_type != "cuda" or not hw.is_local:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _tracer(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu",
+            cuda: bool = False) -> Callable[..., Trace]:
+    """trace(b, flops=True): the request's training step traced at batch b."""
     kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
-              fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu)
+              fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu,
+              cuda_workspaces=cuda)
 
     def retrace(b: int, flops: bool = True) -> Trace:
         return trace_training(wl, b, count_flops=flops, **kw)
+
+    return retrace
+
+
+def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu", cuda: bool = False) -> BatchModel:
+    retrace = _tracer(wl, req, cpu, device_type, cuda)
 
     a = req.batch_size
     if a == 1:
@@ -162,7 +91,8 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
 
     `method`: 'traced' (fake-tensor trace), 'analytic' (decoder formulas), or 'auto' (analytic
     for decoders above settings.trace_param_limit parameters, else traced). `calibrate`: allow
-    a short real run at small batches when the target is this machine's CPU (default: settings).
+    a short real run at small batches when the target is this machine's CPU, and running each cuDNN
+    convolution shape once on this machine's GPU when that is the target (default: settings).
     `measured`: refine with measured peaks of the same workload fingerprint, device and knobs
     (`compile_mode` among them) from the default store (True), the given store, or not (False).
     """
@@ -178,19 +108,22 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     margin = get_settings().memory_margin if margin is None else margin
     usable = int(hw.memory_per_device_bytes * (1 - margin))
 
+    do_cal = get_settings().calibrate if calibrate is None else calibrate
     bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes,
-                                   cpu=hw.device_type == "cpu" and hw.is_local, device_type=hw.device_type)
+                                   cpu=hw.device_type == "cpu" and hw.is_local, device_type=hw.device_type,
+                                   cuda=do_cal and _local_cuda(hw))
     if bm.trace_a.sized_kernels:
-        notes.append(f"kernel scratch and workspaces sized by running {bm.trace_a.sized_kernels} oneDNN op shape(s) "
-                     "once on zeros on this CPU (fake ops report none)")
+        where = ("cuDNN convolution shape(s) once on zeros on this machine's GPU" if bm.trace_a.sized_on == "cuda"
+                 else "oneDNN op shape(s) once on zeros on this CPU")
+        notes.append(f"kernel scratch and workspaces sized by running {bm.trace_a.sized_kernels} {where} "
+                     "(fake ops report none)")
     # the calibration cache and the measured peaks both key on it; it builds the model on meta: once
     fingerprint = functools.cache(functools.partial(workload_fingerprint, wl))
     calib = None
-    do_cal = get_settings().calibrate if calibrate is None else calibrate
     if hw.device_type == "cpu" and hw.is_local and do_cal and used != "analytic":
         calib, bm = _calibrate(fingerprint, workload, workload_args, req, bm, notes)
 
-    ev = _Evaluator(hw, req, bm, calib)
+    ev = Evaluator(hw, req, bm, calib)
     predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
     points = _measured_points(fingerprint, hw, req, compile_mode, predicts, measured) if measured else []
     if points:
@@ -202,7 +135,10 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         parts["temporaries"] += parts["overhead"]
         parts["overhead"] = 0
     fits = total + ov.runtime <= usable
-    by_strategy = _largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes)
+    by_strategy = largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes)
+    if bm.trace_a.sized_on == "cuda" and bm.trace_a.sized_kernels and ev.refined is None:
+        by_strategy[req.strategy.value] = max_batch_traced(ev, _tracer(wl, req, False, "cuda", True),
+                                                           by_strategy[req.strategy.value], usable, notes)
     step_s = samples_s = None
     moved = tr.param_bytes * 3 + tr.opt_state_bytes * 2 + parts["activations"] * 2
     try:
@@ -236,7 +172,7 @@ def _make_request(hw: HardwareSpec, batch: int, **knobs: Any) -> EstimateRequest
 
 def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: dict[str, Any] | None,
                         req: EstimateRequest, method: str, notes: list[str], cpu: bool,
-                        device_type: str = "cpu") -> tuple[BatchModel, str]:
+                        device_type: str = "cpu", cuda: bool = False) -> tuple[BatchModel, str]:
     """Formulas, a fake-tensor trace, or (untraceable model) real-tensor traces at batch 1 and 2."""
     from advisor.settings import get_settings
 
@@ -248,7 +184,7 @@ def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: d
         return BatchModel(a=req.batch_size, trace_a=analytic_trace(wl, req.batch_size, req),
                           retrace=lambda b: analytic_trace(wl, b, req)), "analytic"
     try:
-        return _batch_model(wl, req, cpu, device_type), "traced"
+        return _batch_model(wl, req, cpu, device_type, cuda), "traced"
     except EstimateError as exc:
         if not isinstance(workload, str):
             raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "
@@ -321,74 +257,14 @@ def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: Esti
     return [(p.batch_size, p.peak_bytes) for p in store.points(key)]
 
 
-def _measured_refinement(ev: _Evaluator, points: list[tuple[int, int]], notes: list[str]) -> _Evaluator:
+def _measured_refinement(ev: Evaluator, points: list[tuple[int, int]], notes: list[str]) -> Evaluator:
     """Measured peaks refine the evaluator (refine.py says how, per device type)."""
     if ev.hw.device_type == "cpu":
         from advisor.estimate.calibrate import with_measured_peaks
 
         calib = with_measured_peaks(ev.req, ev.bm, ev.calib, tuple(points))
         notes.append(resident_note(points, calib, calibrated=ev.calib is not None))
-        return _Evaluator(ev.hw, ev.req, ev.bm, calib)
+        return Evaluator(ev.hw, ev.req, ev.bm, calib)
     ev.refined = refine(points, ev.predicted_total)
     notes.append(ev.refined.note())
     return ev
-
-
-def _largest_batches(ev: _Evaluator, calibrated: bool, points: list[tuple[int, int]], workload: Workload | str,
-                     workload_args: dict[str, Any] | None, usable: int, notes: list[str]) -> dict[str, int]:
-    """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
-    it when calibrated; with measured peaks and no calibration runs, also solved with the fit's slope
-    a few posterior SDs steeper (refine.cautious), the smaller answer kept."""
-    by_strategy = {s.value: ev.max_batch(usable, s) for s in _strategies(ev.hw)}
-    own = ev.req.strategy.value
-    if calibrated and ev.refined is None:
-        again = _max_batch_near(ev, workload, workload_args, by_strategy[own], usable, notes)
-        by_strategy[own] = by_strategy[own] if again is None else again
-    elif points and ev.hw.device_type == "cpu" and ev.calib is not None:
-        steep = cautious(ev.calib, [ev.transient(b) for b, _ in points], [p for _, p in points])
-        answer = _Evaluator(ev.hw, ev.req, ev.bm, steep).max_batch(usable)
-        if answer < by_strategy[own]:
-            notes.append(f"largest batch {by_strategy[own]} -> {answer}: solved again with the resident-set slope "
-                         f"{CAUTION:.0f} posterior SDs steeper ({steep.slope:.2f}), as the measured points alone say little "
-                         "about it far from them")
-            by_strategy[own] = answer
-    return by_strategy
-
-
-def _max_batch_near(ev: _Evaluator, workload: Workload | str, workload_args: dict[str, Any] | None, first: int,
-                    usable: int, notes: list[str]) -> int | None:
-    """The largest batch re-solved after real runs at the first answer and half of it (CPU,
-    calibrated), when those runs are cheap; again from the new answer while it lands more than
-    NEAR away from where the runs were (the fit then extrapolated), at most NEAR_ROUNDS times. None
-    when no second round ran (see calibrate.py)."""
-    import os
-
-    from advisor.errors import TrialError
-    from advisor.estimate.calibrate import Calibration, recalibrate_near
-
-    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    answer, again = first, None
-    for _ in range(NEAR_ROUNDS):
-        if not isinstance(ev.calib, Calibration) or not isinstance(workload, str) or answer < 2:
-            break
-        if ev.predicted_total(answer) > RECALIBRATE_HOST_SHARE * host:
-            break
-        if answer > NEAR_REACH * max(ev.calib.batches):
-            notes.append(f"largest batch {answer} not checked with real runs: over {NEAR_REACH}x the largest batch run "
-                         f"({max(ev.calib.batches)}), too far to trust what a run there would cost")
-            break
-        try:
-            calib = recalibrate_near(workload, workload_args or {}, ev.req, ev.bm, ev.calib, answer)
-        except TrialError as exc:  # a run there failed (out of memory, say): the answer so far stands
-            notes.append(f"largest batch {answer} not re-solved: a real run near it failed: {exc}")
-            break
-        if calib is None:
-            break
-        ev = _Evaluator(ev.hw, ev.req, ev.bm, calib)
-        ran_at, answer = answer, ev.max_batch(usable)
-        again = answer
-        notes.append(f"largest batch re-solved after real runs at {ran_at} (fit over batch sizes "
-                     f"{', '.join(map(str, calib.batches))}: {calib.formula()}, runs within {calib.spread / 2**20:.0f} MiB of it): {ran_at} -> {answer}")
-        if abs(answer - ran_at) <= NEAR * ran_at:
-            break
-    return again

@@ -47,7 +47,8 @@ class Trace:
     num_params: int
     seconds: float
     synthetic: bool = False  # built from formulas: sizes are moments, not an allocation sequence
-    sized_kernels: int = 0  # kernel workspaces/scratch sized by running the op for real on this CPU
+    sized_kernels: int = 0  # kernel workspaces/scratch sized by running the op for real on this machine
+    sized_on: str = "cpu"  # where they were sized: "cpu" (oneDNN) or "cuda" (cuDNN, on this machine's GPU)
     # (events,) int64, signed as `sizes`: the bytes of each allocation its kernel never writes (pages
     # that stay out of the resident set, e.g. the unused part of oneDNN's RNN workspace); None: all
     untouched: np.ndarray | None = None
@@ -70,6 +71,8 @@ class _Tracker:
         self.count_flops = False
         self.param_keys: set[int] = set()  # storages of the model's parameters
         self.cpu_workspaces = False  # size oneDNN's workspaces and scratch by running those ops for real
+        self.cuda_workspaces = False  # size cuDNN's convolution workspaces by running those ops on the GPU
+        self.cudnn_tf32 = False  # whether the run lets cuDNN use TF32 (precision tf32): it picks other algorithms
         self.workspace_bytes: dict[str, int] = {}  # the op's shapes, dtypes and scalars -> bytes
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
@@ -163,6 +166,8 @@ def _dispatch_mode(tracker: _Tracker):
                 out = _rnn_workspace(tracker, args, out)
             elif tracker.cpu_workspaces and func in _scratch_ops():
                 _real_scratch(tracker, func, args)
+            elif tracker.cuda_workspaces and func in _cuda_scratch_ops():
+                out = _cuda_scratch(tracker, func, args, out)
             if func is torch.ops.aten.add.Tensor and tracker.accumulating and accumulates_in_place(args):
                 tracker.reuse(out, args[0])
                 return out
@@ -342,6 +347,54 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple) -> None:
         del scratch
 
 
+@functools.lru_cache(maxsize=1)
+def _cuda_scratch_ops() -> frozenset:
+    """Ops whose CUDA kernels (cuDNN's convolutions) take a workspace from the caching allocator
+    inside the op: its size comes from the algorithm cuDNN picks for the GPU, shape and dtype."""
+    import torch
+
+    aten = torch.ops.aten
+    return frozenset({aten.convolution.default, aten.convolution_backward.default})
+
+
+def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, out: Any) -> Any:
+    """cuDNN's convolution workspace, which the CPU's fake ops know nothing of: run the op once on
+    zeros of the same shapes, strides and dtypes on this machine's GPU (the target) and take the
+    allocator's peak over what the op leaves allocated (its outputs). The workspace is taken after
+    the outputs and freed before the op returns, so the trace records the outputs, then a fake
+    allocation of the workspace's size that dies at once."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch.utils._pytree import tree_flatten
+
+    if not any(isinstance(a, FakeTensor) for a in args) or not _affordable(args):
+        return out
+    key = _probe_key(func, args)
+    if key not in tracker.workspace_bytes:
+        tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32  # as training sets it
+        with unset_fake_temporarily():
+            try:
+                real = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cuda").zero_()
+                        if isinstance(a, torch.Tensor) else a for a in args]
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                result = func(*real)
+                torch.cuda.synchronize()
+                tracker.workspace_bytes[key] = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
+                del result, real
+            except Exception:  # noqa: BLE001 - no kernel or no room for it on the GPU now: nothing sized, never a failed trace
+                tracker.workspace_bytes[key] = 0
+            finally:
+                torch.backends.cudnn.allow_tf32 = tf32
+    for t in tree_flatten(out)[0]:
+        tracker.track(t)
+    if tracker.workspace_bytes[key]:
+        workspace = torch.empty(tracker.workspace_bytes[key], dtype=torch.uint8)  # fake: the mode beneath is fake
+        tracker.track(workspace)
+        del workspace
+    return out
+
+
 def _fakeify(batch: Any, fake_mode) -> Any:
     """Real tensors a make_batch built outside dispatch (e.g. from numpy) become fake ones."""
     import torch
@@ -375,7 +428,8 @@ def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
 
 def trace_training(workload: Workload, batch_size: int, *, precision: Precision, optimizer: OptimizerKind,
                    checkpointing: bool = False, fused_backward: bool = False, optimizer_impl: str | None = None,
-                   fake: bool = True, count_flops: bool = True, cpu_workspaces: bool = False) -> Trace:
+                   fake: bool = True, count_flops: bool = True, cpu_workspaces: bool = False,
+                   cuda_workspaces: bool = False) -> Trace:
     """Build `workload` and run two full training steps, recording memory.
 
     fake=True (the estimator): on fake tensors, nothing allocated. fake=False: on real CPU
@@ -383,7 +437,8 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     the calibration runs this at small batch sizes in a fresh process. cpu_workspaces (this CPU
     is the target, fake tensors): the workspaces and scratch of oneDNN's kernels, which fake ops
     leave out, are sized by running each such op once on real zeros (`_with_real_workspace`,
-    `_real_scratch`).
+    `_real_scratch`). cuda_workspaces (this machine's GPU is the target, fake tensors): cuDNN's
+    convolution workspaces, sized the same way on the GPU (`_cuda_scratch`).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -393,6 +448,8 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     t0 = time.perf_counter()
     tracker = _Tracker()
     tracker.cpu_workspaces = cpu_workspaces and fake
+    tracker.cuda_workspaces = cuda_workspaces and fake
+    tracker.cudnn_tf32 = precision == Precision.tf32  # advisor.training.set_matmul_precision's switch
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     try:
         with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker):
@@ -446,11 +503,13 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
             raise EstimateError(f"cannot trace {workload.name} on fake tensors: its code reads a tensor's value "
                                 f"(data-dependent control flow, {type(exc).__name__})") from exc
         raise EstimateError(f"cannot trace {workload.name} on {'fake' if fake else 'real'} tensors: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    if tracker.cuda_workspaces and tracker.workspace_bytes:
+        torch.cuda.empty_cache()  # the probes' blocks go back to the device, not kept by this process
     curve, sizes, ids, untouched = _replay(tracker)
     return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
-                 sized_kernels=len(tracker.workspace_bytes))
+                 sized_kernels=len(tracker.workspace_bytes), sized_on="cuda" if tracker.cuda_workspaces else "cpu")
 
 
 def save_trace(trace: Trace, path: str) -> None:

@@ -1,0 +1,89 @@
+"""Totals of one estimate request at any batch size: the batch model's trace at b, scaled by the
+parallel strategy, with the device's overhead (CPU resident-set model or CUDA allocator), refined
+by measured peaks where there are some; and the largest batch that fits under them."""
+
+from __future__ import annotations
+
+from advisor.config import Strategy
+from advisor.estimate.batchmodel import BatchModel
+from advisor.estimate.cuda_alloc import cublas_workspace_bytes
+from advisor.estimate.model import EstimateRequest
+from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
+from advisor.estimate.refine import Refinement
+from advisor.estimate.strategy import heap_and_mapped, peak_breakdown, scaled_curve, touched_peak
+from advisor.estimate.trace import Trace
+from advisor.hardware.spec import HardwareSpec
+
+MAX_BATCH_LIMIT = 1 << 22  # samples: the search stops here
+
+
+class Evaluator:
+    """Totals for one (workload, hardware, request) at any batch size."""
+
+    def __init__(self, hw: HardwareSpec, req: EstimateRequest, bm: BatchModel, calib: CpuCalibration | None):
+        self.hw, self.req, self.bm, self.calib = hw, req, bm, calib
+        # CUDA: measured peaks of req's configuration (refine.py); a CPU's join `calib` instead
+        self.refined: Refinement | None = None
+
+    def at(self, b: int, strategy: Strategy | None = None) -> tuple[Trace, int, dict[str, int], Overhead]:
+        req = self.req if strategy is None else self.req.model_copy(update={"strategy": strategy})
+        tr = self.bm.at(b)
+        curve = scaled_curve(req, tr, self.hw.world_size)
+        allocated, parts = peak_breakdown(curve)
+        if self.hw.device_type == "cpu":
+            persistent, heap, mapped, hidden = self._cpu_terms(curve, tr)
+            allocated += hidden  # kernels' own buffers, seen only by real runs: counted as temporaries
+            parts["temporaries"] += hidden
+            ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, mapped,
+                              floor=touched_peak(curve, tr.untouched) + hidden)
+        else:
+            workspace = cublas_workspace_bytes(self.hw.accelerator.name)
+            ov = cuda_overhead(tr, allocated, workspace)
+            allocated += workspace
+            parts["temporaries"] += workspace
+        return tr, allocated, parts, ov
+
+    def _cpu_terms(self, curve, tr: Trace) -> tuple[int, int, int, int]:
+        """(persistent peak, heap-served transient peak, mapped transient peak, kernels' hidden buffers)
+        of a CPU curve (bytes): what the resident-set model takes."""
+        persistent, heap, mapped = heap_and_mapped(curve, tr.synthetic, tr.untouched)
+        return persistent, heap, mapped, (self.calib.hidden(heap + mapped) if self.calib else 0)
+
+    def transient(self, b: int) -> int:
+        """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones plus
+        kernels' hidden buffers, as in `at`)."""
+        tr = self.bm.at(b)
+        _, heap, _, hidden = self._cpu_terms(scaled_curve(self.req, tr, self.hw.world_size), tr)
+        return heap + hidden
+
+    def predicted_total(self, b: int) -> int:
+        """The estimator's own total for the request at batch b (bytes), before measured peaks."""
+        return self.at(b)[3].total
+
+    def total(self, b: int, strategy: Strategy | None = None) -> tuple[int, int]:
+        """(total, runtime) at batch b (bytes); measured peaks refine the request's own strategy only."""
+        _, _, _, ov = self.at(b, strategy)
+        if self.refined is not None and strategy in (None, self.req.strategy):
+            return self.refined.total(b, self.predicted_total), ov.runtime
+        return ov.total, ov.runtime
+
+    def device_bytes(self, b: int, strategy: Strategy | None = None) -> int:
+        return sum(self.total(b, strategy))
+
+    def max_batch(self, usable: int, strategy: Strategy | None = None) -> int:
+        """The largest batch whose total fits `usable`, a calibration's run-to-run spread kept clear."""
+        usable -= int(self.calib.spread) if self.calib is not None and self.refined is None else 0
+        if self.device_bytes(1, strategy) > usable:
+            return 0
+        lo, hi = 1, 2
+        while hi < MAX_BATCH_LIMIT and self.device_bytes(hi, strategy) <= usable:
+            lo, hi = hi, hi * 2
+        if hi >= MAX_BATCH_LIMIT:
+            return lo
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.device_bytes(mid, strategy) <= usable:
+                lo = mid
+            else:
+                hi = mid
+        return lo

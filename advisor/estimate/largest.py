@@ -1,0 +1,157 @@
+"""The largest batch that fits, per strategy, and its checks where the batch model alone is not trusted.
+
+The batch model (batchmodel.py) takes each allocation as affine in the batch size, which holds for
+tensors but not for two things, so the request's own strategy is searched again:
+- on this CPU, the resident set (glibc keeps freed heap memory, and maps large allocations on their
+  own): real runs near the answer re-fit it (`_max_batch_near`, calibrate.recalibrate_near);
+- kernel workspaces sized on this machine's GPU: cuDNN picks a convolution algorithm by shape, and
+  its workspace with it, so a workspace measured at batch 32 and 64 says nothing of batch 220
+  (resnet18 fp32 on an H100 under a 6.4 GB cap: the model through 32 and 64 answered 220, whose real
+  reserved peak is 7.5 GB; the real largest batch is 162-173). The answer is searched again on
+  exact traces (`max_batch_on_traces`): bisection between the largest traced batch that fits and the
+  smallest that does not, each guess the model's answer through the two traces nearest the last one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from advisor.config import Strategy
+from advisor.estimate.batchmodel import BatchModel
+from advisor.estimate.evaluator import Evaluator
+from advisor.estimate.refine import CAUTION, cautious
+from advisor.estimate.trace import Trace
+from advisor.hardware.spec import HardwareSpec
+from advisor.workload import Workload
+
+# A second calibration round at the predicted largest batch (twice) and half of it runs only when
+# the predicted resident set at the largest is at most this share of this host's memory (two runs
+# go at once): cheap runs, no risk to the host. Asked about this host's own memory, the largest batch
+# is about all of it, so the common `estimate` on the local CPU never pays for the round.
+RECALIBRATE_HOST_SHARE = 0.3
+# Another round runs where the re-solved answer moved more than this share away from the batch the
+# round ran at, up to NEAR_ROUNDS rounds in all.
+NEAR, NEAR_ROUNDS = 0.1, 3
+# ... and never this many times past the largest batch already run. The host-share bound above
+# trusts the batch model being checked; this one does not: a model that barely grows (it happened,
+# bf16 traces whose frees came in another order, fixed in batchmodel.py) would send a real run to
+# a batch that takes the host's memory.
+NEAR_REACH = 64
+# Exact traces at most (each sizes the new shapes' workspaces on the GPU: about a second for a ResNet)
+EXACT_TRACES = 8
+
+
+def max_batch_on_traces(fits_on: Callable[[BatchModel, int], bool], solve: Callable[[BatchModel], int],
+                        bm: BatchModel, trace_at: Callable[[int], Trace], first: int) -> tuple[int, list[int]]:
+    """(largest batch that an exact trace says fits, the batch sizes traced for it). `fits_on(model, b)`:
+    whether batch b fits under `model`; `solve(model)`: the model's largest batch; `first`: the answer
+    of `bm`, the model the estimate began with."""
+    traced: dict[int, Trace] = {bm.a: bm.trace_a}
+    if bm.c is not None and bm.trace_c is not None:
+        traced[bm.c] = bm.trace_c
+    lo, hi = 0, None  # the largest batch that fits, the smallest that does not, on exact traces
+    for b, tr in traced.items():
+        if fits_on(BatchModel(a=b, trace_a=tr), b):
+            lo = max(lo, b)
+        else:
+            hi = b if hi is None else min(hi, b)
+    guess, checked = first, []
+    for _ in range(EXACT_TRACES):
+        if hi is not None and guess >= hi:
+            guess = (lo + hi) // 2
+        if guess <= lo or guess < 1:
+            break
+        if guess not in traced:
+            traced[guess] = trace_at(guess)
+            checked.append(guess)
+        if fits_on(BatchModel(a=guess, trace_a=traced[guess]), guess):
+            lo = guess
+        else:
+            hi = guess
+        if hi is not None and hi - lo <= 1:
+            break
+        near = sorted(traced, key=lambda b: abs(b - guess))[:2]
+        guess = solve(BatchModel(a=near[0], trace_a=traced[near[0]], c=near[1], trace_c=traced[near[1]]))
+    return lo, checked
+
+
+def strategies(hw: HardwareSpec) -> list[Strategy]:
+    return [Strategy.single] if hw.world_size == 1 else list(Strategy)
+
+
+def max_batch_traced(ev: Evaluator, trace_at: Callable[..., Trace], first: int, usable: int, notes: list[str]) -> int:
+    """The request's largest batch searched again on exact traces (`trace_at(b, flops)`): workspaces
+    sized on the GPU are not affine in the batch (see the module's docstring)."""
+
+    def fits_on(bm: BatchModel, b: int) -> bool:
+        return Evaluator(ev.hw, ev.req, bm, ev.calib).device_bytes(b) <= usable
+
+    def solve(bm: BatchModel) -> int:
+        return Evaluator(ev.hw, ev.req, bm, ev.calib).max_batch(usable)
+
+    answer, traced = max_batch_on_traces(fits_on, solve, ev.bm, lambda b: trace_at(b, False), first)
+    if answer != first or traced:
+        notes.append(f"largest batch {first} -> {answer}: searched again on traces at batch sizes "
+                     f"{', '.join(map(str, traced)) or 'already traced'}, cuDNN's workspaces sized at each (they follow "
+                     "the algorithm cuDNN picks for the shape, not a line in the batch)")
+    return answer
+
+
+def largest_batches(ev: Evaluator, calibrated: bool, points: list[tuple[int, int]], workload: Workload | str,
+                     workload_args: dict[str, Any] | None, usable: int, notes: list[str]) -> dict[str, int]:
+    """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
+    it when calibrated; with measured peaks and no calibration runs, also solved with the fit's slope
+    a few posterior SDs steeper (refine.cautious), the smaller answer kept."""
+    by_strategy = {s.value: ev.max_batch(usable, s) for s in strategies(ev.hw)}
+    own = ev.req.strategy.value
+    if calibrated and ev.refined is None:
+        again = _max_batch_near(ev, workload, workload_args, by_strategy[own], usable, notes)
+        by_strategy[own] = by_strategy[own] if again is None else again
+    elif points and ev.hw.device_type == "cpu" and ev.calib is not None:
+        steep = cautious(ev.calib, [ev.transient(b) for b, _ in points], [p for _, p in points])
+        answer = Evaluator(ev.hw, ev.req, ev.bm, steep).max_batch(usable)
+        if answer < by_strategy[own]:
+            notes.append(f"largest batch {by_strategy[own]} -> {answer}: solved again with the resident-set slope "
+                         f"{CAUTION:.0f} posterior SDs steeper ({steep.slope:.2f}), as the measured points alone say little "
+                         "about it far from them")
+            by_strategy[own] = answer
+    return by_strategy
+
+
+def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict[str, Any] | None, first: int,
+                    usable: int, notes: list[str]) -> int | None:
+    """The largest batch re-solved after real runs at the first answer and half of it (CPU,
+    calibrated), when those runs are cheap; again from the new answer while it lands more than
+    NEAR away from where the runs were (the fit then extrapolated), at most NEAR_ROUNDS times. None
+    when no second round ran (see calibrate.py)."""
+    import os
+
+    from advisor.errors import TrialError
+    from advisor.estimate.calibrate import Calibration, recalibrate_near
+
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    answer, again = first, None
+    for _ in range(NEAR_ROUNDS):
+        if not isinstance(ev.calib, Calibration) or not isinstance(workload, str) or answer < 2:
+            break
+        if ev.predicted_total(answer) > RECALIBRATE_HOST_SHARE * host:
+            break
+        if answer > NEAR_REACH * max(ev.calib.batches):
+            notes.append(f"largest batch {answer} not checked with real runs: over {NEAR_REACH}x the largest batch run "
+                         f"({max(ev.calib.batches)}), too far to trust what a run there would cost")
+            break
+        try:
+            calib = recalibrate_near(workload, workload_args or {}, ev.req, ev.bm, ev.calib, answer)
+        except TrialError as exc:  # a run there failed (out of memory, say): the answer so far stands
+            notes.append(f"largest batch {answer} not re-solved: a real run near it failed: {exc}")
+            break
+        if calib is None:
+            break
+        ev = Evaluator(ev.hw, ev.req, ev.bm, calib)
+        ran_at, answer = answer, ev.max_batch(usable)
+        again = answer
+        notes.append(f"largest batch re-solved after real runs at {ran_at} (fit over batch sizes "
+                     f"{', '.join(map(str, calib.batches))}: {calib.formula()}, runs within {calib.spread / 2**20:.0f} MiB of it): {ran_at} -> {answer}")
+        if abs(answer - ran_at) <= NEAR * ran_at:
+            break
+    return again
