@@ -201,7 +201,7 @@ def run_max_batch(mc: MaxBatchCase, hw) -> dict[str, Any]:
                           workload_args=mc.args, margin=0.0)
     rec: dict[str, Any] = {"workload": mc.workload, "workload_args": mc.args, "precision": mc.precision,
                            "optimizer": mc.optimizer, "cap_bytes": mc.cap_bytes, "ours": est.max_batch_size,
-                           "probes": {}, "problems": []}
+                           "notes": est.notes, "estimate_seconds": est.seconds, "probes": {}, "problems": []}
     # What runs out on a GPU is reserved memory plus the context outside the allocator. The estimate
     # fits total + runtime into the cap; the bisection holds measured reserved peaks to the same
     # room (the cap less the estimate's runtime), so the two answer one question.
@@ -413,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         done = {c["key"]: c for c in prev["cases"] if c.get("reserved_bytes") and (c.get("est_total_bytes") or args.reestimate)}
         prev_run = f"{prev['meta']['started']} (torch {prev['meta']['torch']})"
         res["max_batch"] = [m for m in prev.get("max_batch", []) if m.get("real")]
+        if "accuracy" in skip:  # the cases stay as they were; only the parts run now change
+            res["cases"], res["meta"] = prev["cases"], {**prev["meta"], "source": res["meta"]["source"]}
     md = args.out.with_suffix(".md")
 
     def save() -> None:
