@@ -1,7 +1,8 @@
 """Measured peak memory of (workload, device, configuration) points: what refines the estimator.
 
 A trial that measured a real peak records it here (`record_measured_peak`; CUDA trials do, CPU
-trials do not, see probes/runner.py `_record_peak`); `estimate_memory` reads the points of the same
+trials do not, see probes/runner.py `_record_peak`), and so does a CPU calibration, each of its
+fresh-process runs (DESIGN.md's protocol) a point (`record_points`); `estimate_memory` reads the points of the same
 workload fingerprint, device and memory-changing knobs and refines its estimate with them: on CUDA
 a shift or an affine fit in the batch size, on this CPU more runs of its resident-set fit
 (advisor/estimate/refine.py says why they differ). The store is a small interface
@@ -65,9 +66,12 @@ def point_key(fingerprint: str, device: str, knobs: dict[str, object]) -> str:
 
 
 def device_key(hw: HardwareSpec) -> str:
-    """'cpu' for a CPU target, else the accelerator's catalog name (measured peaks carry over between
-    devices of one model, not between models)."""
-    return "cpu" if hw.device_type == "cpu" else hw.accelerator.name
+    """'cpu:<model>' for a probed CPU ('cpu' where the model is unknown), else the accelerator's catalog
+    name: measured peaks carry over between devices of one model, not between models (a data dir
+    moved to another host keeps its points apart)."""
+    if hw.device_type == "cpu":
+        return f"cpu:{hw.accelerator.cpu.model_name}" if hw.accelerator.cpu is not None else "cpu"
+    return hw.accelerator.name
 
 
 def request_knobs(req: EstimateRequest, world_size: int, compile_mode: str, quantity: str) -> dict[str, object]:
@@ -146,12 +150,21 @@ def record_measured_peak(workload: Workload, hardware: HardwareSpec, request: Es
                          peak_bytes: int, quantity: str, predicted_bytes: int | None,
                          store: MeasuredPeaks | None = None) -> PeakPoint:
     """Keep one measured peak of a trial (called by the trial runner after a measured trial)."""
+    return record_points(workload_fingerprint(workload), hardware, request, compile_mode, quantity,
+                         [(request.batch_size, peak_bytes, predicted_bytes)], store)[0]
+
+
+def record_points(fingerprint: str, hardware: HardwareSpec, request: EstimateRequest, compile_mode: str, quantity: str,
+                  runs: list[tuple[int, int, int | None]], store: MeasuredPeaks | None = None) -> list[PeakPoint]:
+    """Keep measured peaks of one configuration: (batch size, peak bytes, predicted bytes or None) each."""
     knobs = request_knobs(request, hardware.world_size, compile_mode, quantity)
     try:
-        point = PeakPoint(fingerprint=workload_fingerprint(workload), device=device_key(hardware),
-                          batch_size=request.batch_size, peak_bytes=peak_bytes, predicted_bytes=predicted_bytes, **knobs)
+        points = [PeakPoint(fingerprint=fingerprint, device=device_key(hardware), batch_size=b, peak_bytes=peak,
+                            predicted_bytes=predicted, **knobs) for b, peak, predicted in runs]
     except ValidationError as exc:
         err = exc.errors()[0]
         raise SpecError(f"not a valid measured peak: {'.'.join(map(str, err['loc']))}: {err['msg']}") from exc
-    (store or default_peaks()).add(point)
-    return point
+    store = store or default_peaks()
+    for point in points:
+        store.add(point)
+    return points

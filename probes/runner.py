@@ -296,7 +296,8 @@ def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResu
     workload and batch. Trial vs fresh medians of 3 (MB, 2026-11-23, bench/BENCHMARKS.calibration.md):
     tiny-gpt2 b64 116/149, mlp b1024 363/376, mlp b256 296/349, resnet18 b32 393/415, gpt2-small b2
     1972/1998. Kept as they are, points 1-22% low would send the largest batch past the real one;
-    with the import added back they are 2-28% high. Protocol runs (advisor.measure) refine it.
+    with the import added back they are 2-28% high. Protocol runs refine it: a calibrated estimate's
+    fresh-process runs (advisor.measure) are kept as measured peaks of this host (estimator._run_recorder).
     """
     if config.device != "cuda" or not result.peak_memory_bytes:
         return

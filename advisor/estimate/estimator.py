@@ -120,12 +120,15 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     # the calibration cache and the measured peaks both key on it; it builds the model on meta: once
     fingerprint = functools.cache(functools.partial(workload_fingerprint, wl))
     calib = None
+    record = _run_recorder(fingerprint, hw, req, measured) if hw.device_type == "cpu" and hw.is_local else None
     if hw.device_type == "cpu" and hw.is_local and do_cal and used != "analytic":
-        calib, bm = _calibrate(fingerprint, workload, workload_args, req, bm, notes)
+        calib, bm = _calibrate(fingerprint, workload, workload_args, req, bm, notes, record)
 
     ev = Evaluator(hw, req, bm, calib)
     predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
     points = _measured_points(fingerprint, hw, req, compile_mode, predicts, measured) if measured else []
+    if calib is not None:  # its own runs, kept as measured peaks too, count once
+        points = [p for p in points if p not in set(getattr(calib, "rss", ()))]
     if points:
         ev = _measured_refinement(ev, points, notes)
     tr, allocated, parts, ov = ev.at(batch)
@@ -135,7 +138,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         parts["temporaries"] += parts["overhead"]
         parts["overhead"] = 0
     fits = total + ov.runtime <= usable
-    by_strategy = largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes)
+    by_strategy = largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes, record)
     if bm.trace_a.sized_on == "cuda" and bm.trace_a.sized_kernels and ev.refined is None:
         by_strategy[req.strategy.value] = max_batch_traced(ev, _tracer(wl, req, False, "cuda", True),
                                                            by_strategy[req.strategy.value], usable, notes)
@@ -204,35 +207,79 @@ CALIBRATIONS_KEPT = 64
 
 
 def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workload_args: dict[str, Any] | None,
-               req: EstimateRequest, bm: BatchModel, notes: list[str]) -> tuple[CpuCalibration | None, BatchModel]:
-    """Short real runs on this CPU (see calibrate.py); a workload object cannot run in a fresh process."""
+               req: EstimateRequest, bm: BatchModel, notes: list[str],
+               record: Callable[[tuple[tuple[int, int], ...]], None] | None = None) -> tuple[CpuCalibration | None, BatchModel]:
+    """Short real runs on this CPU (see calibrate.py), or those of an earlier estimate of the same request
+    (in this process, or kept on this host: calcache.py); a workload object cannot run in a fresh
+    process. New runs go to `record` (the measured-peak store) too."""
     if not isinstance(workload, str):
         notes.append("not calibrated: a workload passed as an object cannot be run in a fresh process")
         return None, bm
     import json
 
     from advisor.errors import TrialError
+    from advisor.estimate import calcache
     from advisor.estimate.calibrate import calibrate_cpu
 
-    key = json.dumps([workload, workload_args or {}, fingerprint(), req.model_dump(mode="json")],
-                     sort_keys=True, default=str)
-    reused = key in _CALIBRATIONS
+    request = req.model_dump(mode="json")
+    key = json.dumps([workload, workload_args or {}, fingerprint(), request], sort_keys=True, default=str)
+    reused = " (runs of an earlier estimate in this process)" if key in _CALIBRATIONS else ""
     if not reused:
-        try:
-            _CALIBRATIONS[key] = calibrate_cpu(workload, workload_args or {}, req, bm)
-        except TrialError as exc:  # the real step fails here (e.g. no kernel for this dtype): the trace stands alone
-            notes.append(f"not calibrated: {exc}")
-            return None, bm
+        disk_key = calcache.calibration_key(workload, workload_args or {}, fingerprint(), request)
+        kept = calcache.load(disk_key, bm)
+        if kept is not None:
+            reused = " (runs of an earlier estimate on this host, kept in the data dir)"
+            _CALIBRATIONS[key] = kept
+        else:
+            try:
+                _CALIBRATIONS[key] = calibrate_cpu(workload, workload_args or {}, req, bm)
+            except TrialError as exc:  # the real step fails here (e.g. no kernel for this dtype): the trace stands alone
+                notes.append(f"not calibrated: {exc}")
+                return None, bm
+            _keep(disk_key, *_CALIBRATIONS[key])
+            if record is not None:
+                record(_CALIBRATIONS[key][0].rss)
         while len(_CALIBRATIONS) > CALIBRATIONS_KEPT:
             del _CALIBRATIONS[next(iter(_CALIBRATIONS))]
     calib, bm = _CALIBRATIONS[key]
-    notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}"
-                 f"{' (runs of an earlier estimate in this process)' if reused else ''}: "
+    notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}{reused}: "
                  f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps that clear)")
     if calib.used_real_traces:
         notes.append("real kernels allocate differently from the fake trace here (e.g. a workspace): "
                      "using traces of real steps at small batch sizes, extrapolated per allocation")
     return calib, bm
+
+
+def _keep(disk_key: str, calib: CpuCalibration, bm: BatchModel) -> None:
+    """Keep a new calibration for later processes; one that cannot be written costs them the reuse only."""
+    from advisor.estimate import calcache
+
+    try:
+        calcache.save(disk_key, calib, bm)
+    except OSError as exc:
+        log.warning("calibration not kept for later estimates: %s", exc)
+
+
+def _run_recorder(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest,
+                  measured: bool | MeasuredPeaks) -> Callable[[tuple[tuple[int, int], ...]], None] | None:
+    """Where a calibration's runs go as measured peaks: each is DESIGN.md's CPU protocol in a fresh
+    process, so an estimate without runs of its own (the tuner's pruning, a trial's prediction) is
+    refined by them later. Only where the runs ran the request as asked (one process, the CPU's
+    default optimizer implementation, nothing offloaded) and measured peaks are in use at all."""
+    if measured is False or hw.world_size != 1 or req.strategy != Strategy.single or req.optimizer_impl is not None \
+            or req.offload_optimizer or req.offload_params:
+        return None
+    from advisor.errors import AdvisorError
+    from advisor.peaks import default_peaks, record_points
+
+    def record(runs: tuple[tuple[int, int], ...]) -> None:
+        try:
+            record_points(fingerprint(), hw, req, "none", "cpu_rss", [(b, peak, None) for b, peak in runs],
+                          default_peaks() if measured is True else measured)
+        except AdvisorError as exc:  # a run that cannot be kept costs later estimates a refinement, nothing more
+            log.warning("calibration runs not kept as measured peaks: %s", exc)
+
+    return record
 
 
 def _decoder_params(wl: Workload) -> int:

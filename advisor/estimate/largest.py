@@ -98,14 +98,15 @@ def max_batch_traced(ev: Evaluator, trace_at: Callable[..., Trace], first: int, 
 
 
 def largest_batches(ev: Evaluator, calibrated: bool, points: list[tuple[int, int]], workload: Workload | str,
-                     workload_args: dict[str, Any] | None, usable: int, notes: list[str]) -> dict[str, int]:
+                    workload_args: dict[str, Any] | None, usable: int, notes: list[str],
+                    record: Callable[[tuple[tuple[int, int], ...]], None] | None = None) -> dict[str, int]:
     """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
-    it when calibrated; with measured peaks and no calibration runs, also solved with the fit's slope
-    a few posterior SDs steeper (refine.cautious), the smaller answer kept."""
+    it when calibrated (the new runs go to `record`); with measured peaks and no calibration runs, also
+    solved with the fit's slope a few posterior SDs steeper (refine.cautious), the smaller answer kept."""
     by_strategy = {s.value: ev.max_batch(usable, s) for s in strategies(ev.hw)}
     own = ev.req.strategy.value
     if calibrated and ev.refined is None:
-        again = _max_batch_near(ev, workload, workload_args, by_strategy[own], usable, notes)
+        again = _max_batch_near(ev, workload, workload_args, by_strategy[own], usable, notes, record)
         by_strategy[own] = by_strategy[own] if again is None else again
     elif points and ev.hw.device_type == "cpu" and ev.calib is not None:
         steep = cautious(ev.calib, [ev.transient(b) for b, _ in points], [p for _, p in points])
@@ -119,7 +120,8 @@ def largest_batches(ev: Evaluator, calibrated: bool, points: list[tuple[int, int
 
 
 def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict[str, Any] | None, first: int,
-                    usable: int, notes: list[str]) -> int | None:
+                    usable: int, notes: list[str],
+                    record: Callable[[tuple[tuple[int, int], ...]], None] | None = None) -> int | None:
     """The largest batch re-solved after real runs at the first answer and half of it (CPU,
     calibrated), when those runs are cheap; again from the new answer while it lands more than
     NEAR away from where the runs were (the fit then extrapolated), at most NEAR_ROUNDS times. None
@@ -147,6 +149,8 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
             break
         if calib is None:
             break
+        if record is not None:
+            record(tuple(r for r in calib.rss if r not in set(ev.calib.rss)))
         ev = Evaluator(ev.hw, ev.req, ev.bm, calib)
         ran_at, answer = answer, ev.max_batch(usable)
         again = answer

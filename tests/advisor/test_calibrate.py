@@ -127,3 +127,34 @@ def test_bytes_a_kernel_never_writes_stay_out_of_the_resident_set_of_a_mapped_al
     assert heap_and_mapped(curve, untouched=untouched) == (64 * mib, 16 * mib, 84 * mib)
     assert touched_peak(curve) == (64 + 256 + 16) * mib
     assert touched_peak(curve, untouched) == (64 + 84 + 8) * mib
+
+
+def test_a_calibration_is_kept_for_later_processes_and_its_runs_refine_uncalibrated_estimates(tmp_path) -> None:
+    """Three fresh `advisor estimate` processes on one data dir: the first runs the calibration, the
+    second reuses it (same answer, no runs), the third, uncalibrated, is refined by its runs, which
+    were kept as measured peaks of DESIGN.md's protocol."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ADVISOR_DATA_DIR=str(tmp_path))
+
+    def estimate(*extra: str) -> dict:
+        cmd = [sys.executable, "-m", "advisor.cli", "estimate", "-w", "tiny-mlp", "-H", "cpu", "-b", "24", "--json", *extra]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True)
+        return json.loads(proc.stdout)
+
+    first = estimate()
+    assert first["calibrated"] and not any("earlier estimate" in n for n in first["notes"]), first["notes"]
+    runs = re.search(r"real steps at batch sizes ([\d, ]+):", " ".join(first["notes"])).group(1).split(", ")
+    again = estimate()
+    assert any("runs of an earlier estimate on this host" in n for n in again["notes"]), again["notes"]
+    assert again["total_bytes"] == first["total_bytes"] and again["max_batch_size"] == first["max_batch_size"]
+    assert again["seconds"] < first["seconds"]
+    points = [json.loads(line) for line in (tmp_path / "calibration" / "peaks.jsonl").read_text().splitlines()]
+    assert sorted(p["batch_size"] for p in points) == sorted(map(int, runs))  # each run once, not again by the reuse
+    assert {p["quantity"] for p in points} == {"cpu_rss"} and all(p["device"].startswith("cpu") for p in points)
+    bare = estimate("--no-calibrate")
+    assert not bare["calibrated"] and bare["refined_by"] == len(runs)
+    assert any(f"refined by {len(runs)} measured peak(s)" in n for n in bare["notes"]), bare["notes"]

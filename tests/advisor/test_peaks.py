@@ -10,7 +10,7 @@ from advisor.errors import SpecError, StoreError
 from advisor.estimate.model import EstimateRequest
 from advisor.fingerprint import workload_fingerprint
 from advisor.hardware import get_hardware
-from advisor.peaks import JsonlPeaks, MeasuredPeaks, PeakPoint, default_peaks, record_measured_peak
+from advisor.peaks import JsonlPeaks, MeasuredPeaks, PeakPoint, default_peaks, device_key, record_measured_peak
 from advisor.settings import get_settings
 from advisor.workload import load_workload
 
@@ -68,9 +68,14 @@ def test_record_measured_peak_keys_by_fingerprint_device_and_knobs(tmp_path: Pat
     store = JsonlPeaks(tmp_path)
     wl = load_workload("tiny-mlp")
     req = EstimateRequest(batch_size=32, precision="bf16", optimizer="sgd-momentum", checkpointing=True)
-    p = record_measured_peak(wl, get_hardware("cpu"), req, "default", 123_000_000, "cpu_rss", 120_000_000, store=store)
+    host = get_hardware("cpu")
+    p = record_measured_peak(wl, host, req, "default", 123_000_000, "cpu_rss", 120_000_000, store=store)
+    # this host's CPU by its model: a data dir carried to another host keeps its resident sets apart
     assert (p.fingerprint, p.device, p.batch_size, p.peak_bytes, p.predicted_bytes) == (
-        workload_fingerprint(wl), "cpu", 32, 123_000_000, 120_000_000)
+        workload_fingerprint(wl), f"cpu:{host.accelerator.cpu.model_name}", 32, 123_000_000, 120_000_000)
+    other_cpu = host.model_copy(update={"accelerator": host.accelerator.model_copy(
+        update={"cpu": host.accelerator.cpu.model_copy(update={"model_name": "Another CPU"})})})
+    assert device_key(other_cpu) != p.device
     assert (p.precision, p.optimizer, p.checkpointing, p.compile_mode, p.quantity) == (
         "bf16", "sgd-momentum", True, "default", "cpu_rss")
     assert store.points(p.key) == [p]
