@@ -142,7 +142,14 @@ def _nothing(ctx: StudyContext, status: str) -> dict[str, Any]:
 
 
 def ray_trainable(config: dict[str, Any], ctx_json: str) -> None:
-    """The function Ray Tune runs for each trial."""
+    """The function Ray Tune runs for each trial. The trial fork server (which imports torch: seconds)
+    starts at once in the background, so its start overlaps the claim, the reuse check and the
+    estimate; an actor reused for the next trial (reuse_actors) keeps it."""
+    import threading
+
     from ray import tune
 
+    from probes.forkserver import get_server
+
+    threading.Thread(target=get_server, daemon=True, name="advisor-forkserver-start").start()
     tune.report(evaluate(StudyContext.model_validate_json(ctx_json), config.get("training_config")))
