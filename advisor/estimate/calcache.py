@@ -2,15 +2,16 @@
 reuses the real runs instead of repeating them (and answering differently by their noise).
 
 One calibration is a JSON file under `data_dir/calibration/runs/`, named by a hash of everything
-its runs depend on: the workload (spec, arguments, fingerprint), the request's knobs, and the host
-(CPU model, logical CPUs, torch and glibc versions: another allocator or library lays memory out
-otherwise). Where the calibration chose real traces over the fake one, the two traces sit beside it
+its runs and its fit depend on: the workload (spec, arguments, fingerprint), the request's knobs,
+the host (CPU model, logical CPUs, torch and glibc versions: another allocator or library lays
+memory out otherwise) and the estimator's own sources (a fit made by other code is not reused). Where the calibration chose real traces over the fake one, the two traces sit beside it
 as .npz files. A file that cannot be read or does not match is ignored and written again: this is
 a cache, never the only copy of anything.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -38,8 +39,19 @@ def host_identity() -> dict[str, Any]:
             "libc": "-".join(platform.libc_ver())}
 
 
+@functools.cache
+def estimator_sources() -> str:
+    """A hash of advisor/estimate's sources, read once per process."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def calibration_key(spec: str, args: dict[str, Any], fingerprint: str, request: dict[str, Any]) -> str:
-    payload = json.dumps([VERSION, spec, args, fingerprint, request, host_identity()], sort_keys=True, default=str)
+    payload = json.dumps([VERSION, spec, args, fingerprint, request, host_identity(), estimator_sources()],
+                         sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
