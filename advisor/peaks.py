@@ -1,7 +1,7 @@
 """Measured peak memory of (workload, device, configuration) points: what refines the estimator.
 
-A trial that measured a real peak records it here (`record_measured_peak`; a CPU trial its
-protocol peak converted to a fresh process's, see probes/runner.py `_record_peak`), and so does a CPU calibration, each of its
+A trial that measured a real peak records it here (`record_measured_peak`; CUDA trials do, CPU
+trials do not, see probes/runner.py `_record_peak`), and so does a CPU calibration, each of its
 fresh-process runs (DESIGN.md's protocol) a point (`record_points`); `estimate_memory` reads the points of the same
 workload fingerprint, device and memory-changing knobs and refines its estimate with them: on CUDA
 a shift or an affine fit in the batch size, on this CPU more runs of its resident-set fit
@@ -51,10 +51,6 @@ class PeakPoint(BaseModel):
     peak_bytes: int = Field(ge=0, description="The measured peak (bytes).")
     predicted_bytes: int | None = Field(default=None, ge=0, description="The estimator's prediction at this point, "
                                         "when it was measured (bytes); kept for the record, not used by the fit.")
-    source: Literal["protocol", "trial"] = Field(
-        default="protocol", description="'protocol': the quantity measured as DESIGN.md defines it (a CUDA peak, a "
-        "fresh-process CPU run); 'trial': a CPU trial rank's protocol peak converted to it (probes/forkoffset.py), "
-        "within about 25 MB.")
 
     @property
     def key(self) -> str:
@@ -62,7 +58,7 @@ class PeakPoint(BaseModel):
 
     @property
     def knobs(self) -> dict[str, object]:
-        return self.model_dump(exclude={"fingerprint", "device", "batch_size", "peak_bytes", "predicted_bytes", "source"})
+        return self.model_dump(exclude={"fingerprint", "device", "batch_size", "peak_bytes", "predicted_bytes"})
 
 
 def point_key(fingerprint: str, device: str, knobs: dict[str, object]) -> str:
@@ -152,20 +148,19 @@ def default_peaks() -> MeasuredPeaks:
 
 def record_measured_peak(workload: Workload, hardware: HardwareSpec, request: EstimateRequest, compile_mode: str,
                          peak_bytes: int, quantity: str, predicted_bytes: int | None,
-                         store: MeasuredPeaks | None = None, source: str = "protocol") -> PeakPoint:
+                         store: MeasuredPeaks | None = None) -> PeakPoint:
     """Keep one measured peak of a trial (called by the trial runner after a measured trial)."""
     return record_points(workload_fingerprint(workload), hardware, request, compile_mode, quantity,
-                         [(request.batch_size, peak_bytes, predicted_bytes)], store, source)[0]
+                         [(request.batch_size, peak_bytes, predicted_bytes)], store)[0]
 
 
 def record_points(fingerprint: str, hardware: HardwareSpec, request: EstimateRequest, compile_mode: str, quantity: str,
-                  runs: list[tuple[int, int, int | None]], store: MeasuredPeaks | None = None,
-                  source: str = "protocol") -> list[PeakPoint]:
+                  runs: list[tuple[int, int, int | None]], store: MeasuredPeaks | None = None) -> list[PeakPoint]:
     """Keep measured peaks of one configuration: (batch size, peak bytes, predicted bytes or None) each."""
     knobs = request_knobs(request, hardware.world_size, compile_mode, quantity)
     try:
         points = [PeakPoint(fingerprint=fingerprint, device=device_key(hardware), batch_size=b, peak_bytes=peak,
-                            predicted_bytes=predicted, source=source, **knobs) for b, peak, predicted in runs]
+                            predicted_bytes=predicted, **knobs) for b, peak, predicted in runs]
     except ValidationError as exc:
         err = exc.errors()[0]
         raise SpecError(f"not a valid measured peak: {'.'.join(map(str, err['loc']))}: {err['msg']}") from exc

@@ -225,27 +225,6 @@ def _timed(stepper: _Stepper, budget: TrialBudget) -> tuple[list[float], list[fl
     return steps, waits
 
 
-PROTOCOL_STEPS = 2  # DESIGN.md: the CPU peak is read after the optimizer has stepped at least twice
-
-
-def _protocol_steps(workload: Any, ctx: Any, c: TrainingConfig, device: str, world: int, base_rss: int,
-                    warmup_steps: int) -> tuple[list[float], int | None]:
-    """CPU, one process: the first warm-up steps run on the workload's own make_batch batches, before
-    the DataLoader (and the dataset it may hold) exists, and the peak resident set over the set before
-    build_model is read after them: DESIGN.md's CPU protocol, so the estimator can learn from this
-    trial (probes/runner.py `_record_peak`). Returns (their step times, that peak in bytes or None)."""
-    if device != "cpu" or world != 1 or warmup_steps < PROTOCOL_STEPS:
-        return [], None
-
-    def own_batches() -> Iterator[Any]:
-        while True:
-            yield workload.make_batch(c.batch_size)
-
-    stepper = _Stepper(ctx, own_batches(), c, device)
-    times = [stepper.step()[0] for _ in range(PROTOCOL_STEPS)]
-    return times, peak_rss() - base_rss
-
-
 def run(req: ChildRequest) -> ChildReport:
     """The measured trial of one rank: build, warm up, count ops, time steps, read the peaks."""
     import torch
@@ -277,12 +256,11 @@ def run(req: ChildRequest) -> ChildReport:
         from probes.pinning import worker_init_fn
 
         init_fn = worker_init_fn(plan)
-    warmup, protocol = _protocol_steps(workload, ctx, c, device, world, base_rss, req.budget.warmup_steps)
     loader = build_loader(workload, c, rank=rank, world_size=world, worker_init_fn=init_fn)
     stepper = _Stepper(ctx, cycle(loader), c, device)
     marks["loader"] = time.time()
     # Warm-up (excluded from timing); in eager runs the last warm-up step also counts the ops.
-    warmup += [stepper.step()[0] for _ in range(max(1, req.budget.warmup_steps - len(warmup)) - 1)]
+    warmup = [stepper.step()[0] for _ in range(req.budget.warmup_steps - 1)]
     ops = None
     if req.count_ops and c.compile_mode == CompileMode.none:
         t = time.perf_counter()
@@ -293,7 +271,7 @@ def run(req: ChildRequest) -> ChildReport:
     marks["warm"] = time.time()
     steps, waits = _timed(stepper, req.budget)
     marks["timed"] = time.time()
-    peak = PeakMemory(cpu_rss_bytes=peak_rss() - base_rss, cpu_protocol_rss_bytes=protocol)
+    peak = PeakMemory(cpu_rss_bytes=peak_rss() - base_rss)
     if c.device == "cuda":
         peak = peak.model_copy(update={"cuda_allocated_bytes": torch.cuda.max_memory_allocated(),
                                        "cuda_reserved_bytes": torch.cuda.max_memory_reserved()})

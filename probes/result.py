@@ -33,11 +33,6 @@ class PeakMemory(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     cpu_rss_bytes: int | None = Field(default=None, description="Peak RSS over RSS before build_model (bytes).")
-    cpu_protocol_rss_bytes: int | None = Field(
-        default=None, description="CPU, one process: the same, read after the first two optimizer steps, run on the "
-        "workload's own make_batch batches before the DataLoader exists: DESIGN.md's CPU protocol inside the forked "
-        "rank, which lacks the compiler stack's imports a fresh process makes during its steps (probes/forkoffset.py) "
-        "(bytes).")
     cuda_allocated_bytes: int | None = Field(default=None, description="torch.cuda.max_memory_allocated (bytes).")
     cuda_reserved_bytes: int | None = Field(default=None, description="torch.cuda.max_memory_reserved (bytes).")
 

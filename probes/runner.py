@@ -239,9 +239,8 @@ def config_from_dict(values: dict[str, Any], *, device: str) -> TrainingConfig:
 
 def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: HardwareSpec | str = "local",
               workload_args: dict[str, Any] | None = None, budget: TrialBudget | None = None,
-              estimate: bool = True, count_ops: bool = True, record_peak: bool = True) -> TrialResult:
-    """Measure `config` for real; see the module docstring. `workload` is a preset or file.py:build.
-    `record_peak`: keep the measured peak for the estimator (advisor/peaks.py)."""
+              estimate: bool = True, count_ops: bool = True) -> TrialResult:
+    """Measure `config` for real; see the module docstring. `workload` is a preset or file.py:build."""
     t0 = time.monotonic()
     wargs = dict(workload_args or {})
     budget = budget or TrialBudget()
@@ -282,41 +281,29 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
     if failure is not None:
         return TrialResult(status=failure[0], error=failure[1], wall_s=wall, **base)
     result = summarize(reports, wl, hw, config, prediction, wall, base, notes)
-    if record_peak:
-        _record_peak(wl, hw, config, result)
+    _record_peak(wl, hw, config, result)
     return result
 
 
 def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResult) -> None:
-    """A measured peak refines the estimator for this workload and device (advisor/peaks.py).
+    """A measured CUDA peak refines the estimator for this workload and device (advisor/peaks.py).
 
-    CUDA: max_memory_reserved, DESIGN.md's quantity as it is. CPU (one process): not the trial's own
-    peak, which differs from DESIGN.md's fresh-process peak by more than one run's noise and by no
-    constant (the trial's DataLoader collating per-sample items holds 42-56 MB more than the
-    protocol's make_batch loop, by workload and batch; medians of 3, 2026-11-23,
-    bench/BENCHMARKS.calibration.md), but the rank's protocol peak (its first two steps on its own
-    batches, before the DataLoader exists) plus this host's fork offset (probes/forkoffset.py: the
-    compiler stack's imports a fresh process makes during its steps). Such a point is within about
-    25 MB of a fresh run, wider than the fresh runs' own noise, so it refines estimates that have no
-    real runs of their own (the tuner's pruning, the next trial's prediction) and stays out of a
-    calibrated fit (advisor/estimate/estimator.py `_measured_points`).
+    CPU peaks are not kept: they differ from DESIGN.md's fresh-process peak, which the CPU estimate
+    predicts, by more than one run's noise and by no constant. The rank is forked from a server that
+    imported torch's compiler stack, which a fresh process imports while building its optimizer
+    (74-77 MB here, the same for every workload), but the trial's own loop (a DataLoader collating
+    per-sample items, op counting) holds 42-56 MB more than the protocol's make_batch loop, by
+    workload and batch. Trial vs fresh medians of 3 (MB, 2026-11-23, bench/BENCHMARKS.calibration.md):
+    tiny-gpt2 b64 116/149, mlp b1024 363/376, mlp b256 296/349, resnet18 b32 393/415, gpt2-small b2
+    1972/1998. Kept as they are, points 1-22% low would send the largest batch past the real one;
+    with the import added back they are 2-28% high. Protocol runs refine it: a calibrated estimate's
+    fresh-process runs (advisor.measure) are kept as measured peaks of this host (estimator._run_recorder).
     """
+    if config.device != "cuda" or not result.peak_memory_bytes:
+        return
     from advisor.estimate.model import EstimateRequest
     from advisor.peaks import record_measured_peak
 
-    peak, source = result.peak_memory_bytes, "protocol"
-    if config.device == "cpu":
-        protocol = result.peak_memory.cpu_protocol_rss_bytes if result.peak_memory is not None else None
-        if protocol is None or config.nproc > 1:
-            return
-        from probes.forkoffset import fork_offset_bytes
-
-        offset = fork_offset_bytes()
-        if offset is None:
-            return
-        peak, source = protocol + offset, "trial"
-    if not peak:
-        return
     if config.nproc > hw.world_size:  # N CPU ranks on one host
         hw = hw.model_copy(update={"devices_per_node": config.nproc})
     request = EstimateRequest(batch_size=config.batch_size, precision=config.precision, optimizer=config.optimizer,
@@ -324,7 +311,7 @@ def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResu
                               fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
     quantity = "cuda_reserved" if config.device == "cuda" else "cpu_rss"
     try:
-        record_measured_peak(wl, hw, request, config.compile_mode.value, peak, quantity,
-                             result.predicted_memory_bytes, source=source)
+        record_measured_peak(wl, hw, request, config.compile_mode.value, result.peak_memory_bytes, quantity,
+                             result.predicted_memory_bytes)
     except AdvisorError as exc:  # a peak that cannot be kept costs the estimator a refinement, nothing more
         log.warning("measured peak not recorded: %s", exc)

@@ -126,7 +126,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
 
     ev = Evaluator(hw, req, bm, calib)
     predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
-    points = _measured_points(fingerprint, hw, req, compile_mode, predicts, measured, calib) if measured else []
+    points = _measured_points(fingerprint, hw, req, compile_mode, predicts, measured) if measured else []
+    if calib is not None:  # its own runs, kept as measured peaks too, count once
+        points = [p for p in points if p not in set(getattr(calib, "rss", ()))]
     if points:
         ev = _measured_refinement(ev, points, notes)
     tr, allocated, parts, ov = ev.at(batch)
@@ -287,12 +289,10 @@ def _decoder_params(wl: Workload) -> int:
 
 
 def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest, compile_mode: str,
-                     predicts: str, measured: bool | MeasuredPeaks, calib: CpuCalibration | None = None) -> list[tuple[int, int]]:
+                     predicts: str, measured: bool | MeasuredPeaks) -> list[tuple[int, int]]:
     """The store I/O at the estimator's edge: (batch size, peak bytes) of this configuration's measured
     peaks. A CPU's measured resident sets describe only the host they ran on, so a CPU target uses
-    them only when it is this machine; a GPU's carry over to devices of the same catalog model. With a
-    calibration (`calib`), its own runs (kept as points too) count once, and CPU trials' converted
-    peaks, less exact than its fresh-process runs, stay out of its fit."""
+    them only when it is this machine; a GPU's carry over to devices of the same catalog model."""
     from advisor.peaks import default_peaks, device_key, point_key, request_knobs
 
     if hw.device_type == "cpu" and not hw.is_local:
@@ -301,11 +301,7 @@ def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: Esti
     if not store.may_hold_points():
         return []
     key = point_key(fingerprint(), device_key(hw), request_knobs(req, hw.world_size, compile_mode, predicts))
-    points = store.points(key)
-    if calib is None:
-        return [(p.batch_size, p.peak_bytes) for p in points]
-    own = set(getattr(calib, "rss", ()))
-    return [(p.batch_size, p.peak_bytes) for p in points if p.source == "protocol" and (p.batch_size, p.peak_bytes) not in own]
+    return [(p.batch_size, p.peak_bytes) for p in store.points(key)]
 
 
 def _measured_refinement(ev: Evaluator, points: list[tuple[int, int]], notes: list[str]) -> Evaluator:

@@ -10,9 +10,7 @@ from advisor.errors import SpecError, StoreError
 from advisor.estimate.model import EstimateRequest
 from advisor.fingerprint import workload_fingerprint
 from advisor.hardware import get_hardware
-from advisor.peaks import (
-    JsonlPeaks, MeasuredPeaks, PeakPoint, default_peaks, device_key, record_measured_peak, record_points,
-)
+from advisor.peaks import JsonlPeaks, MeasuredPeaks, PeakPoint, default_peaks, device_key, record_measured_peak
 from advisor.settings import get_settings
 from advisor.workload import load_workload
 
@@ -86,29 +84,3 @@ def test_record_measured_peak_keys_by_fingerprint_device_and_knobs(tmp_path: Pat
     assert (gpu.device, gpu.world_size, gpu.strategy) == ("h100-sxm", 8, "ddp")
     with pytest.raises(SpecError, match="quantity"):
         record_measured_peak(wl, get_hardware("cpu"), req, "none", 1, "rss", None, store=store)
-
-
-def test_a_calibrated_cpu_estimate_fits_fresh_process_runs_only() -> None:
-    """CPU trials' converted peaks (source 'trial') refine an uncalibrated estimate; a calibrated one
-    keeps to fresh-process runs, and its own runs, kept as points too, count once."""
-    from advisor.estimate.calibrate import Calibration
-    from advisor.estimate.estimator import _measured_points
-    from advisor.estimate.model import EstimateRequest as Req
-
-    class Store(MeasuredPeaks):
-        def __init__(self) -> None:
-            self.kept: list[PeakPoint] = []
-
-        def add(self, point: PeakPoint) -> None:
-            self.kept.append(point)
-
-        def points(self, key: str) -> list[PeakPoint]:
-            return [p for p in self.kept if p.key == key]
-
-    hw, req, fp = get_hardware("cpu"), Req(batch_size=16), "f" * 32
-    store = Store()
-    record_points(fp, hw, req, "none", "cpu_rss", [(2, 200, None), (4, 260, None)], store)
-    record_points(fp, hw, req, "none", "cpu_rss", [(8, 400, 390)], store, source="trial")
-    assert sorted(_measured_points(lambda: fp, hw, req, "none", "cpu_rss", store)) == [(2, 200), (4, 260), (8, 400)]
-    calib = Calibration(intercept=0.0, slope=1.0, batches=(2,), rss=((2, 200),))
-    assert _measured_points(lambda: fp, hw, req, "none", "cpu_rss", store, calib) == [(4, 260)]
