@@ -30,6 +30,17 @@ def trial(tmp_path: Path, fail: str = "none", budget: TrialBudget = QUICK, **kno
 
 
 def test_ok_trial_reports_every_figure():
+    # A forked CPU rank's peak is not DESIGN.md's fresh-process one (probes/runner.py _record_peak):
+    # it must not refine the CPU estimate, so the trial adds no measured peak.
+    from advisor.estimate.model import EstimateRequest
+    from advisor.fingerprint import workload_fingerprint
+    from advisor.hardware import get_hardware
+    from advisor.peaks import default_peaks, device_key, point_key, request_knobs
+    from advisor.workload import load_workload
+
+    knobs = request_knobs(EstimateRequest(batch_size=4), 1, "none", "cpu_rss")
+    key = point_key(workload_fingerprint(load_workload("tiny-gpt2")), device_key(get_hardware("cpu")), knobs)
+    kept = len(default_peaks().points(key))
     r = run_trial("tiny-gpt2", {"batch_size": 4}, hardware="cpu", budget=QUICK)
     assert r.status == TrialStatus.ok, r.error
     assert r.samples_per_s > 0 and r.measured_steps >= 3
@@ -45,15 +56,7 @@ def test_ok_trial_reports_every_figure():
 
     assert r.environment.torch == torch.__version__
     assert r.overhead_s is not None and r.wall_s >= r.measured_s
-    # A forked CPU rank's peak is not DESIGN.md's fresh-process one (probes/runner.py _record_peak):
-    # it must not refine the CPU estimate.
-    from advisor.estimate.model import EstimateRequest
-    from advisor.fingerprint import workload_fingerprint
-    from advisor.peaks import default_peaks, point_key, request_knobs
-    from advisor.workload import load_workload
-
-    knobs = request_knobs(EstimateRequest(batch_size=4), 1, "none", "cpu_rss")
-    assert default_peaks().points(point_key(workload_fingerprint(load_workload("tiny-gpt2")), "cpu", knobs)) == []
+    assert len(default_peaks().points(key)) == kept
 
 
 def test_workers_are_processes_and_grad_accum_takes_micro_batches(tmp_path):
