@@ -296,7 +296,12 @@ def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResu
     workload and batch. Trial vs fresh medians of 3 (MB, 2026-11-23, bench/BENCHMARKS.calibration.md):
     tiny-gpt2 b64 116/149, mlp b1024 363/376, mlp b256 296/349, resnet18 b32 393/415, gpt2-small b2
     1972/1998. Kept as they are, points 1-22% low would send the largest batch past the real one;
-    with the import added back they are 2-28% high. Protocol runs refine it: a calibrated estimate's
+    with the import added back they are 2-28% high. Nor does the rank's own protocol peak stand in
+    for the fresh one (tried 2026-11-24: the first two steps on make_batch batches, before the
+    DataLoader exists): a fresh process imports that stack during its first step, between its
+    tensors, and holds 39-130 MB more than the rank by workload and batch (tiny-mlp b8 63, tiny-gpt2
+    b64 61-68, resnet18 b32 58, mlp b256 39-70, mlp b1024 130), so no per-host offset converts it
+    (mlp b1024's converted point came out 21% low). Protocol runs refine it: a calibrated estimate's
     fresh-process runs (advisor.measure) are kept as measured peaks of this host (estimator._run_recorder).
     """
     if config.device != "cuda" or not result.peak_memory_bytes:
