@@ -169,8 +169,8 @@ def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool:
     """Measure one case while its estimate runs (here, or already submitted to a worker: `estimate`)."""
     rec = new_record(wc, precision, optimizer, batch)
     t0 = time.perf_counter()
-    measured_f = pool.submit(measure_fields, wc, precision, optimizer, batch, pool) if estimate is None else None
     if estimate is None:
+        measured_f = pool.submit(measure_fields, wc, precision, optimizer, batch, pool)
         est = estimate_fields(wc, precision, optimizer, batch)
         measured = measured_f.result()
     else:
@@ -290,9 +290,10 @@ def _kept_note(cases: list[dict[str, Any]]) -> list[str]:
     if not kept:
         return []
     runs = "; ".join(f"{n} measured in the run of {when}" for when, n in kept.items())
+    rest = len(cases) - sum(kept.values())
     return [f"Estimated again in this run with the current code (`--reestimate`); measured peaks kept from an earlier run "
-            f"on the same kind of GPU, where the caching allocator's peaks are deterministic: {runs}. The others were "
-            "measured in this run.", ""]
+            f"on the same kind of GPU, where the caching allocator's peaks are deterministic: {runs}"
+            + (f"; {rest} measured in this run." if rest else "."), ""]
 
 
 def write_markdown(path: Path, res: dict[str, Any]) -> None:

@@ -4,8 +4,9 @@ reuses the real runs instead of repeating them (and answering differently by the
 One calibration is a JSON file under `data_dir/calibration/runs/`, named by a hash of everything
 its runs and its fit depend on: the workload (spec, arguments, fingerprint), the request's knobs,
 the host (CPU model, logical CPUs, torch and glibc versions: another allocator or library lays
-memory out otherwise) and the estimator's own sources (a fit made by other code is not reused). Where the calibration chose real traces over the fake one, the two traces sit beside it
-as .npz files. A file that cannot be read or does not match is ignored and written again: this is
+memory out otherwise) and the estimator's own sources, this file's among them (a fit made, or a file
+laid out, by other code is not reused). Where the calibration chose real traces over the fake one,
+the two traces sit beside it as .npz files. A file that cannot be read or does not match is ignored and written again: this is
 a cache, never the only copy of anything.
 """
 
@@ -24,10 +25,6 @@ from typing import Any
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.calibrate import Calibration
 from advisor.estimate.trace import load_trace, save_trace
-
-# Bump when what a calibration holds or means changes: older files are then ignored.
-VERSION = 1
-
 
 def host_identity() -> dict[str, Any]:
     """What decides how this host's resident set answers the same runs."""
@@ -50,7 +47,7 @@ def estimator_sources() -> str:
 
 
 def calibration_key(spec: str, args: dict[str, Any], fingerprint: str, request: dict[str, Any]) -> str:
-    payload = json.dumps([VERSION, spec, args, fingerprint, request, host_identity(), estimator_sources()],
+    payload = json.dumps([spec, args, fingerprint, request, host_identity(), estimator_sources()],
                          sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
@@ -82,7 +79,7 @@ def save(key: str, calib: Calibration, bm: BatchModel, directory: Path | None = 
     """Keep a calibration (and its real traces, where it chose them); written whole or not at all."""
     d = directory or _dir()
     d.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = {"version": VERSION, "calibration": asdict(calib)}
+    data: dict[str, Any] = {"calibration": asdict(calib)}
     if calib.used_real_traces:
         data["real_traces"] = [bm.a, bm.c]
         for b in (bm.a, bm.c):

@@ -12,7 +12,7 @@ from advisor.errors import EstimateError, SpecError
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import Breakdown, EstimateRequest, MemoryEstimate
 from advisor.estimate.evaluator import Evaluator
-from advisor.estimate.largest import largest_batches, max_batch_traced
+from advisor.estimate.largest import largest_batches
 from advisor.estimate.overhead import CpuCalibration
 from advisor.estimate.refine import refine, resident_note
 from advisor.estimate.roofline import step_time
@@ -109,9 +109,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     usable = int(hw.memory_per_device_bytes * (1 - margin))
 
     do_cal = get_settings().calibrate if calibrate is None else calibrate
-    bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes,
-                                   cpu=hw.device_type == "cpu" and hw.is_local, device_type=hw.device_type,
-                                   cuda=do_cal and _local_cuda(hw))
+    local_cpu, probe_gpu = hw.device_type == "cpu" and hw.is_local, do_cal and _local_cuda(hw)
+    bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes, cpu=local_cpu,
+                                   device_type=hw.device_type, cuda=probe_gpu)
     if bm.trace_a.sized_kernels:
         where = ("cuDNN convolution shape(s) once on zeros on this machine's GPU" if bm.trace_a.sized_on == "cuda"
                  else "oneDNN op shape(s) once on zeros on this CPU")
@@ -120,15 +120,16 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     # the calibration cache and the measured peaks both key on it; it builds the model on meta: once
     fingerprint = functools.cache(functools.partial(workload_fingerprint, wl))
     calib = None
-    record = _run_recorder(fingerprint, hw, req, measured) if hw.device_type == "cpu" and hw.is_local else None
-    if hw.device_type == "cpu" and hw.is_local and do_cal and used != "analytic":
+    record = _run_recorder(fingerprint, hw, req, measured) if local_cpu else None
+    if local_cpu and do_cal and used != "analytic":
         calib, bm = _calibrate(fingerprint, workload, workload_args, req, bm, notes, record)
 
     ev = Evaluator(hw, req, bm, calib)
     predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
     points = _measured_points(fingerprint, hw, req, compile_mode, predicts, measured) if measured else []
     if calib is not None:  # its own runs, kept as measured peaks too, count once
-        points = [p for p in points if p not in set(getattr(calib, "rss", ()))]
+        own = set(getattr(calib, "rss", ()))
+        points = [p for p in points if p not in own]
     if points:
         ev = _measured_refinement(ev, points, notes)
     tr, allocated, parts, ov = ev.at(batch)
@@ -138,10 +139,11 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         parts["temporaries"] += parts["overhead"]
         parts["overhead"] = 0
     fits = total + ov.runtime <= usable
-    by_strategy = largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes, record)
-    if bm.trace_a.sized_on == "cuda" and bm.trace_a.sized_kernels and ev.refined is None:
-        by_strategy[req.strategy.value] = max_batch_traced(ev, _tracer(wl, req, False, "cuda", True),
-                                                           by_strategy[req.strategy.value], usable, notes)
+    # workspaces sized on the GPU are not affine in the batch: the largest batch is checked on exact traces
+    trace_at = _tracer(wl, req, local_cpu, hw.device_type, probe_gpu) if bm.trace_a.sized_on == "cuda" \
+        and bm.trace_a.sized_kernels else None
+    by_strategy = largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes, record,
+                                  trace_at)
     step_s = samples_s = None
     moved = tr.param_bytes * 3 + tr.opt_state_bytes * 2 + parts["activations"] * 2
     try:

@@ -99,13 +99,17 @@ def max_batch_traced(ev: Evaluator, trace_at: Callable[..., Trace], first: int, 
 
 def largest_batches(ev: Evaluator, calibrated: bool, points: list[tuple[int, int]], workload: Workload | str,
                     workload_args: dict[str, Any] | None, usable: int, notes: list[str],
-                    record: Callable[[tuple[tuple[int, int], ...]], None] | None = None) -> dict[str, int]:
+                    record: Callable[[tuple[tuple[int, int], ...]], None] | None = None,
+                    trace_at: Callable[..., Trace] | None = None) -> dict[str, int]:
     """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
     it when calibrated (the new runs go to `record`); with measured peaks and no calibration runs, also
-    solved with the fit's slope a few posterior SDs steeper (refine.cautious), the smaller answer kept."""
+    solved with the fit's slope a few posterior SDs steeper (refine.cautious), the smaller answer kept.
+    With `trace_at(b, flops)` (workspaces sized on this machine's GPU): searched again on exact traces."""
     by_strategy = {s.value: ev.max_batch(usable, s) for s in strategies(ev.hw)}
     own = ev.req.strategy.value
-    if calibrated and ev.refined is None:
+    if trace_at is not None and ev.refined is None:
+        by_strategy[own] = max_batch_traced(ev, trace_at, by_strategy[own], usable, notes)
+    elif calibrated and ev.refined is None:
         again = _max_batch_near(ev, workload, workload_args, by_strategy[own], usable, notes, record)
         by_strategy[own] = by_strategy[own] if again is None else again
     elif points and ev.hw.device_type == "cpu" and ev.calib is not None:
@@ -150,7 +154,8 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
         if calib is None:
             break
         if record is not None:
-            record(tuple(r for r in calib.rss if r not in set(ev.calib.rss)))
+            ran = set(ev.calib.rss)
+            record(tuple(r for r in calib.rss if r not in ran))
         ev = Evaluator(ev.hw, ev.req, ev.bm, calib)
         ran_at, answer = answer, ev.max_batch(usable)
         again = answer

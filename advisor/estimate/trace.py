@@ -275,13 +275,13 @@ def _probe_key(func: Any, args: tuple) -> str:
     return repr([func, *((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)])
 
 
-def _real_like(args: tuple) -> list:
-    """Real zeros for each fake tensor argument, same shape, strides and dtype (a layout such as
-    channels_last changes which kernel runs)."""
+def _real_like(args: tuple, device: str = "cpu") -> list:
+    """Real zeros on `device` for each fake tensor argument, same shape, strides and dtype (a layout
+    such as channels_last changes which kernel runs)."""
     import torch
 
-    return [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype).zero_() if isinstance(a, torch.Tensor) else a
-            for a in args]
+    return [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=device).zero_()
+            if isinstance(a, torch.Tensor) else a for a in args]
 
 
 def _affordable(args: tuple) -> bool:
@@ -374,8 +374,7 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, out: Any) -> Any:
         tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32  # as training sets it
         with unset_fake_temporarily():
             try:
-                real = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cuda").zero_()
-                        if isinstance(a, torch.Tensor) else a for a in args]
+                real = _real_like(args, "cuda")
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 result = func(*real)
