@@ -85,6 +85,10 @@ def _build_parser() -> argparse.ArgumentParser:
     trial.add_argument("--min-steps", type=_positive_int, default=10)
     trial.add_argument("--min-time", type=float, default=2.0, help="seconds timed at least (default 2)")
     trial.add_argument("--no-estimate", action="store_true", help="skip the estimator's prediction")
+    trial.add_argument("--record-peak", choices=("auto", "always", "never"), default="auto",
+                       help="CPU: after the trial, run DESIGN.md's peak protocol once in a fresh process and keep it as "
+                            "a measured peak that refines later estimates (auto: where the trial used 1/8 or more of its "
+                            "memory and no such peak lies near its batch; default auto)")
     trial.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     sub.add_parser("workloads", help="list the built-in workload presets")
@@ -162,7 +166,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
     knobs = parse_workload_args(args.knobs, flag="--set")
     try:
         budget = TrialBudget(warmup_steps=args.warmup_steps, min_steps=args.min_steps, min_time_s=args.min_time,
-                             timeout_s=args.timeout,
+                             timeout_s=args.timeout, record_peak=args.record_peak,
                              memory_cap_bytes=parse_bytes(args.memory_cap) if args.memory_cap else None)
     except ValueError as exc:
         raise SpecError(str(exc).splitlines()[-1]) from exc

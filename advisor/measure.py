@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +36,7 @@ class MeasureRequest(BaseModel):
     optimizer: OptimizerKind = OptimizerKind.adamw
     checkpointing: bool = False
     fused_backward: bool = False
+    optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = Field(default=None, description="None: torch's default.")
     steps: int = Field(default=3, ge=2)
     mode: str = Field(default="rss", pattern="^(rss|alloc|trace|cuda)$")
     trace_path: str | None = Field(default=None, description="mode 'trace': where to write the real-tensor trace (.npz).")
@@ -110,7 +111,8 @@ def _run(req: MeasureRequest) -> MeasureResult:
     def steps() -> None:
         model = workload.build_model().to(device)
         ctx = prepare(model, workload.loss_fn, precision=req.precision, optimizer=req.optimizer, device_type=device,
-                      checkpointing=req.checkpointing, fused_backward=req.fused_backward)
+                      optimizer_impl=req.optimizer_impl, checkpointing=req.checkpointing,
+                      fused_backward=req.fused_backward)
         for _ in range(req.steps):
             batch = _to_device(workload.make_batch(req.batch_size), device)
             train_step(ctx, batch)

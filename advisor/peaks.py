@@ -96,6 +96,11 @@ class MeasuredPeaks(ABC):
         """False only when the store is surely empty (lets callers skip fingerprinting)."""
         return True
 
+    def version(self) -> object:
+        """A value that changes whenever a point is added, for caches of estimates that read points;
+        None where the store cannot tell (such caches then keep what they have)."""
+        return None
+
 
 class JsonlPeaks(MeasuredPeaks):
     """One JSON object per line in `directory/peaks.jsonl`; appends are locked (flock), so trials in
@@ -138,6 +143,12 @@ class JsonlPeaks(MeasuredPeaks):
 
     def may_hold_points(self) -> bool:
         return self.path.exists() and self.path.stat().st_size > 0
+
+    def version(self) -> object:
+        try:  # appends only: the size grows with every point
+            return self.path.stat().st_size
+        except OSError:
+            return 0
 
 
 def default_peaks() -> MeasuredPeaks:

@@ -137,6 +137,11 @@ def trial_table(result) -> None:
         if result.predicted_memory_bytes:
             err = (result.predicted_memory_bytes - (result.peak_memory_bytes or 0)) / max(result.peak_memory_bytes or 1, 1)
             table.add_row("estimated", f"{human_bytes(result.predicted_memory_bytes)} ({err:+.1%})")
+        if result.protocol_peak_bytes:  # the fresh-process peak the CPU estimate predicts (probes/protocol.py)
+            line = human_bytes(result.protocol_peak_bytes)
+            if result.predicted_memory_bytes:
+                line += f" (estimate {(result.predicted_memory_bytes - result.protocol_peak_bytes) / result.protocol_peak_bytes:+.1%})"
+            table.add_row("peak, fresh process", line)
         if result.mfu is not None:
             table.add_row("MFU", f"{result.mfu:.2%}")
         if result.compile_s is not None:

@@ -4,11 +4,12 @@
     .venv/bin/python bench/calibration_accuracy.py [--out bench/results/calibration.json] [--only mlp,...]
                                                    [--skip maxbatch]
 
-Per workload: one measured "trial" at batch A (`advisor.measure`, mode rss, one fresh-process run:
-DESIGN.md's CPU peak; a CPU trial of `probes` is forked and does not record its peak, see
-probes/runner.py `_record_peak`) is recorded with `record_measured_peak`; then `estimate_memory`
+Per workload: one measured trial at batch A (`probes.run_trial` with record_peak='always': after the
+trial, one fresh-process run of DESIGN.md's CPU protocol, kept as a measured peak; the trial's forked
+rank's own peak is not that quantity, see probes/runner.py `_record_peak`); then `estimate_memory`
 at batch B = 4 x A is compared with the real peak at B (median of 3 fresh-process runs), before
-(measured=False) and after (the store holding the trial's point). Both with the short real
+(measured=False) and after (a store holding the trial's point). The bench's data dir is a fresh
+temporary one: no calibration or measured peak of an earlier run takes part. Both with the short real
 calibration runs allowed (calibrate=True, the default on this CPU) and without (calibrate=False,
 the uncalibrated default overhead). Relative error = (estimate - measured) / measured; "noise" is
 the spread of the 3 runs at B over their median.
@@ -88,26 +89,54 @@ def _max_batch(c: Case, pool: ThreadPoolExecutor, calibrate: bool, store) -> dic
             "after_fits": bool(runs) and statistics.median(runs) <= c.cap_bytes}
 
 
-def run_case(c: Case, pool: ThreadPoolExecutor, maxbatch: bool) -> dict[str, Any]:
+def _trial(c: Case):
+    """The measured trial: `probes.run_trial` at batch A with record_peak='always', which runs DESIGN.md's
+    protocol once in a fresh process after the trial and keeps it (probes/protocol.py); the point it kept."""
+    from advisor.peaks import default_peaks
+    from probes.config import TrialBudget
+    from probes.runner import run_trial
+
+    budget = TrialBudget(warmup_steps=2, min_steps=3, min_time_s=0.0, settle_s=0, record_peak="always")
+    result = run_trial(c.workload, {"batch_size": c.trial_batch, "precision": c.precision, "optimizer": c.optimizer},
+                       hardware="cpu", workload_args=c.args, budget=budget)
+    if not result.ok or result.protocol_peak_bytes is None:
+        raise SystemExit(f"{c.workload}: the trial kept no peak: {result.status.value} {result.error or result.notes}")
+    store = default_peaks()
+    [point] = [p for p in store.points(_key(c)) if p.batch_size == c.trial_batch]
+    return result, point
+
+
+def _key(c: Case) -> str:
+    from advisor.estimate.model import EstimateRequest
+    from advisor.fingerprint import workload_fingerprint
     from advisor.hardware import get_hardware
-    from advisor.peaks import JsonlPeaks, record_measured_peak
+    from advisor.peaks import device_key, point_key, request_knobs
     from advisor.workload import load_workload
 
+    req = EstimateRequest(batch_size=c.trial_batch, precision=c.precision, optimizer=c.optimizer)
+    return point_key(workload_fingerprint(load_workload(c.workload, c.args)), device_key(get_hardware("cpu")),
+                     request_knobs(req, 1, "none", "cpu_rss"))
+
+
+def run_case(c: Case, pool: ThreadPoolExecutor, maxbatch: bool) -> dict[str, Any]:
+    from advisor.peaks import JsonlPeaks
+
     t0 = time.perf_counter()
-    trial = _rss(pool, c, c.trial_batch, 1)[0]
+    result, point = _trial(c)
     target_runs = _rss(pool, c, c.target_batch, 3)
     real = int(statistics.median(target_runs))
     rec: dict[str, Any] = {"workload": c.workload, "workload_args": c.args, "precision": c.precision,
                            "optimizer": c.optimizer, "trial_batch": c.trial_batch, "target_batch": c.target_batch,
-                           "cap_bytes": c.cap_bytes, "trial_rss_bytes": trial, "target_rss_runs": target_runs,
-                           "target_rss_bytes": real, "target_noise": (max(target_runs) - min(target_runs)) / real}
+                           "cap_bytes": c.cap_bytes, "trial_rss_bytes": point.peak_bytes,
+                           "trial_rank_rss_bytes": result.peak_memory_bytes, "trial_wall_s": result.wall_s,
+                           "target_rss_runs": target_runs, "target_rss_bytes": real,
+                           "target_noise": (max(target_runs) - min(target_runs)) / real}
     for calibrate in (True, False):
         with tempfile.TemporaryDirectory(prefix="advisor-peaks-") as tmp:
-            store = JsonlPeaks(tmp)
+            store = JsonlPeaks(tmp)  # the trial's point alone (a calibration adds its runs: they count once)
+            store.add(point)
             before = _estimate(c, c.target_batch, calibrate, False)
             at_trial = _estimate(c, c.trial_batch, calibrate, False)
-            record_measured_peak(load_workload(c.workload, c.args), get_hardware("cpu"), at_trial.request, "none",
-                                 trial, "cpu_rss", at_trial.total_bytes, store=store)
             after = _estimate(c, c.target_batch, calibrate, store)
             tag = "calibrated" if calibrate else "uncalibrated"
             rec[tag] = {"before_bytes": before.total_bytes, "after_bytes": after.total_bytes,
@@ -128,12 +157,14 @@ def markdown(results: dict[str, Any]) -> str:
     m = results["meta"]
     lines = [f"Run {m['started']} on {m['host']} ({m['cpu_count']} CPUs, torch {m['torch']}, advisor git {m['git']}), "
              f"load average {m['load_avg_start']}.", "",
-             "| workload | prec | opt | trial batch | trial RSS GB | target batch | real RSS GB (median of 3) | noise | "
-             "calibrated: before | after | uncalibrated: before | after |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| workload | prec | opt | trial batch | trial's rank RSS GB | its protocol run GB (kept) | target batch | "
+             "real RSS GB (median of 3) | noise | calibrated: before | after | uncalibrated: before | after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["cases"]:
         cal, unc = r["calibrated"], r["uncalibrated"]
         lines.append(f"| {_name(r)} | {r['precision']} | {r['optimizer']} | "
-                     f"{r['trial_batch']} | {r['trial_rss_bytes'] / GB:.3f} | {r['target_batch']} | "
+                     f"{r['trial_batch']} | {_gb(r.get('trial_rank_rss_bytes'))} | {r['trial_rss_bytes'] / GB:.3f} | "
+                     f"{r['target_batch']} | "
                      f"{r['target_rss_bytes'] / GB:.3f} | {r['target_noise'] * 100:.1f}% | {_pct(cal['before_err'])} | "
                      f"{_pct(cal['after_err'])} | {_pct(unc['before_err'])} | {_pct(unc['after_err'])} |")
     rows = [r for r in results["cases"] if "max_batch" in r["calibrated"]]
@@ -152,6 +183,10 @@ def markdown(results: dict[str, Any]) -> str:
                 cells += [str(mb["before"]), str(mb["after"]), shown, "yes" if mb["after_fits"] else "NO"]
             lines.append(f"| {_name(r)} | {r['cap_bytes'] / GB:.2f} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
+
+
+def _gb(n: int | None) -> str:
+    return "-" if n is None else f"{n / GB:.3f}"
 
 
 def _name(r: dict[str, Any]) -> str:
@@ -174,6 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="comma-separated workload names")
     ap.add_argument("--skip", default="", help="'maxbatch' leaves out the largest-batch part")
     args = ap.parse_args(argv)
+    data_dir = tempfile.mkdtemp(prefix="advisor-calbench-")
+    os.environ["ADVISOR_DATA_DIR"] = data_dir
+    try:
+        return _main(args)
+    finally:
+        import shutil
+
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _main(args: argparse.Namespace) -> int:
     import logging
 
     import torch

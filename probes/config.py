@@ -136,6 +136,11 @@ class TrialBudget(BaseModel):
     memory_cap_bytes: int | None = Field(default=None, gt=0, description="CPU: kill and report oom past this resident set of the trial's processes (bytes).")
     settle_s: float = Field(default=5.0, ge=0, description="Wait up to this long for the machine to go quiet before starting (s).")
     quiet_cpu_fraction: float = Field(default=0.3, gt=0, le=1, description="Busier than this share of all CPUs is not quiet.")
+    record_peak: Literal["auto", "always", "never"] = Field(
+        default="auto", description="CPU, one process, eager: after an ok trial, run DESIGN.md's peak protocol once in a "
+        "fresh process at the same batch and keep it as a measured peak that refines the estimator (seconds more; see "
+        "probes/protocol.py). 'auto': only where the trial used a noticeable share of its memory and no such peak of "
+        "this configuration lies near its batch yet.")
 
     @model_validator(mode="after")
     def _check(self) -> "TrialBudget":

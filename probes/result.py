@@ -85,6 +85,9 @@ class TrialResult(BaseModel):
     peak_memory: PeakMemory | None = None
     predicted_memory_bytes: int | None = Field(default=None, description="The estimator's total_bytes for this config (bytes).")
     predicts: str | None = Field(default=None, description="Which measured quantity predicted_memory_bytes predicts.")
+    protocol_peak_bytes: int | None = Field(
+        default=None, description="CPU: DESIGN.md's resident-set peak of one fresh-process run at this config's batch, "
+        "run after the trial and kept as a measured peak (TrialBudget.record_peak); None where none ran (bytes).")
     compile_s: float | None = Field(default=None, description="Warm-up time beyond ordinary steps, spent compiling (s).")
     compiled_graphs: int | None = Field(default=None, description="Graphs torch.compile captured and compiled (compiled runs).")
     warmup_s: float | None = Field(default=None, description="Warm-up steps' wall time (s).")

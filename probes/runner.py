@@ -282,7 +282,9 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
         return TrialResult(status=failure[0], error=failure[1], wall_s=wall, **base)
     result = summarize(reports, wl, hw, config, prediction, wall, base, notes)
     _record_peak(wl, hw, config, result)
-    return result
+    from probes.protocol import record_protocol_peak
+
+    return record_protocol_peak(workload, wargs, wl, hw, config, budget, result, t0 + budget.timeout_s)
 
 
 def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResult) -> None:
@@ -302,7 +304,8 @@ def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResu
     tensors, and holds 39-130 MB more than the rank by workload and batch (tiny-mlp b8 63, tiny-gpt2
     b64 61-68, resnet18 b32 58, mlp b256 39-70, mlp b1024 130), so no per-host offset converts it
     (mlp b1024's converted point came out 21% low). Protocol runs refine it: a calibrated estimate's
-    fresh-process runs (advisor.measure) are kept as measured peaks of this host (estimator._run_recorder).
+    fresh-process runs (advisor.measure) are kept as measured peaks of this host (estimator._run_recorder),
+    and so is the protocol run a CPU trial makes after itself (probes/protocol.py, TrialBudget.record_peak).
     """
     if config.device != "cuda" or not result.peak_memory_bytes:
         return

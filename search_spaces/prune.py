@@ -37,7 +37,8 @@ class Feasibility(BaseModel):
 
 
 class _Cache:
-    """Feasibility by (workload, args, hardware, margin, memory knobs); least recently used dropped."""
+    """Feasibility by (workload, args, hardware, margin, memory knobs, measured peaks' version); least
+    recently used dropped."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size, self.hits, self.misses = size, 0, 0
@@ -86,8 +87,11 @@ def feasibility(workload: "Workload | str", workload_args: dict[str, Any] | None
     CPU ranks share the host's memory, so there the estimate counts once per process. A case the
     estimator cannot handle launches (the trial will measure it), saying so in `reason`.
     """
+    from advisor.peaks import default_peaks
+
+    # a measured peak added since (a trial's, probes/protocol.py) refines the estimate: decide again
     key = (_workload_key(workload), json.dumps(workload_args or {}, sort_keys=True, default=str),
-           hardware.model_dump_json(), margin, memory_key(config))
+           hardware.model_dump_json(), margin, memory_key(config), default_peaks().version())
     cached = FEASIBILITY_CACHE.get(key)
     if cached is None:
         cached = _decide(workload, workload_args, hardware, config, margin)

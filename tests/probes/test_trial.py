@@ -31,7 +31,8 @@ def trial(tmp_path: Path, fail: str = "none", budget: TrialBudget = QUICK, **kno
 
 def test_ok_trial_reports_every_figure():
     # A forked CPU rank's peak is not DESIGN.md's fresh-process one (probes/runner.py _record_peak):
-    # it must not refine the CPU estimate, so the trial adds no measured peak.
+    # it must not refine the CPU estimate. And a trial using a sliver of the host's memory makes no
+    # fresh-process protocol run under record_peak='auto' (probes/protocol.py): no measured peak added.
     from advisor.estimate.model import EstimateRequest
     from advisor.fingerprint import workload_fingerprint
     from advisor.hardware import get_hardware
@@ -56,7 +57,47 @@ def test_ok_trial_reports_every_figure():
 
     assert r.environment.torch == torch.__version__
     assert r.overhead_s is not None and r.wall_s >= r.measured_s
+    assert r.protocol_peak_bytes is None
     assert len(default_peaks().points(key)) == kept
+
+
+def test_cpu_trial_keeps_a_fresh_process_peak_that_refines_the_estimate():
+    # record_peak='auto' under a cap the trial's peak is over 1/8 of: after the trial, one run of
+    # DESIGN.md's protocol in a fresh process, kept as a measured peak that the next estimate of the
+    # same configuration goes through; a trial at a batch within 2x of it makes no second run.
+    # (sgd-momentum with the foreach step: a configuration no other test's calibration records.)
+    from advisor.estimate import estimate_memory
+    from advisor.estimate.model import EstimateRequest
+    from advisor.fingerprint import workload_fingerprint
+    from advisor.hardware import get_hardware
+    from advisor.peaks import default_peaks, device_key, point_key, request_knobs
+    from advisor.workload import load_workload
+
+    wargs = {"num_samples": 256}
+    knobs = {"optimizer": "sgd-momentum", "optimizer_impl": "foreach"}
+    est_knobs = dict(optimizer="sgd-momentum", optimizer_impl="foreach", workload_args=wargs, calibrate=False)
+    key = point_key(workload_fingerprint(load_workload("tiny-gpt2", wargs)), device_key(get_hardware("cpu")),
+                    request_knobs(EstimateRequest(batch_size=64, optimizer="sgd-momentum", optimizer_impl="foreach"),
+                                  1, "none", "cpu_rss"))
+    assert default_peaks().points(key) == []
+    budget = QUICK.model_copy(update={"memory_cap_bytes": 768 * 2**20})
+    first = run_trial("tiny-gpt2", {"batch_size": 64, **knobs}, hardware="cpu", workload_args=wargs, budget=budget)
+    assert first.status == TrialStatus.ok, first.error
+    assert first.peak_memory_bytes >= budget.memory_cap_bytes / 8  # so 'auto' runs the protocol
+    assert first.protocol_peak_bytes > 0 and any("fresh process" in n for n in first.notes)
+    [point] = default_peaks().points(key)
+    assert (point.batch_size, point.peak_bytes, point.predicted_bytes) == (64, first.protocol_peak_bytes,
+                                                                           first.predicted_memory_bytes)
+    refined = estimate_memory("tiny-gpt2", "cpu", 64, **est_knobs)
+    assert any("refined by 1 measured peak" in n for n in refined.notes)
+    assert refined.total_bytes == pytest.approx(first.protocol_peak_bytes, rel=0.01)
+
+    second = run_trial("tiny-gpt2", {"batch_size": 96, **knobs}, hardware="cpu", workload_args=wargs, budget=budget)
+    assert second.status == TrialStatus.ok, second.error
+    assert second.protocol_peak_bytes is None and len(default_peaks().points(key)) == 1
+    unrefined = estimate_memory("tiny-gpt2", "cpu", 96, measured=False, **est_knobs)
+    assert second.predicted_memory_bytes == estimate_memory("tiny-gpt2", "cpu", 96, **est_knobs).total_bytes \
+        != unrefined.total_bytes
 
 
 def test_workers_are_processes_and_grad_accum_takes_micro_batches(tmp_path):

@@ -70,3 +70,29 @@ def test_accumulation_only_blocks_at_least_as_much_accumulation():
     assert frontier.blocks(_cfg(batch_size=64, grad_accum=4)) is not None
     frontier.record_oom(_cfg(batch_size=32, grad_accum=1))
     assert frontier.blocks(_cfg(batch_size=32, grad_accum=2)) is not None
+
+
+def test_a_measured_peak_added_since_decides_again(tiny_gpu, tmp_path, monkeypatch):
+    # A trial's measured peak (probes/protocol.py on the CPU, the runner on CUDA) refines the estimate
+    # the cached decision rests on, so the next draw of that memory case is decided again. A data dir
+    # of its own: the point below must refine no other test's estimate.
+    from advisor.estimate.model import EstimateRequest
+    from advisor.peaks import record_measured_peak
+    from advisor.settings import get_settings
+    from advisor.workload import load_workload
+
+    monkeypatch.setenv("ADVISOR_DATA_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        FEASIBILITY_CACHE.clear()
+        config = TrainingConfig(device="cuda", batch_size=16)
+        before = feasibility(WORKLOAD, {}, tiny_gpu, config, 0.05)
+        assert before.launch and feasibility(WORKLOAD, {}, tiny_gpu, config, 0.05) is before
+        # measured: the whole device's memory at this batch (a peak the estimate did not foresee)
+        record_measured_peak(load_workload(WORKLOAD), tiny_gpu, EstimateRequest(batch_size=16), "none",
+                             tiny_gpu.accelerator.memory_bytes, "cuda_reserved", before.total_bytes)
+        after = feasibility(WORKLOAD, {}, tiny_gpu, config, 0.05)
+        assert FEASIBILITY_CACHE.misses == 2 and not after.launch and "exceeds" in after.reason
+    finally:
+        get_settings.cache_clear()
+        FEASIBILITY_CACHE.clear()

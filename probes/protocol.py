@@ -1,0 +1,108 @@
+"""A CPU trial's memory as the estimator predicts it: one run of DESIGN.md's peak protocol in a fresh
+process after the trial, kept as a measured peak (advisor/peaks.py). It refines later estimates of
+the same workload, host and memory knobs: the tuner's pruning, the next trial's prediction, and the
+largest batch `advisor estimate` answers.
+
+The trial's own peak cannot serve (probes/runner.py `_record_peak` has the figures). Its ranks are
+forked from a server that has imported torch's compiler stack, and its loop holds a DataLoader's
+batches. So it differs from a fresh process's protocol peak by 39-130 MB, by workload and batch.
+The run here is the protocol itself (advisor.measure, mode rss): steps with the trial's precision,
+optimizer and implementation, checkpointing and fused step, at its batch, with its intra-op threads,
+on the workload's make_batch. It starts after the trial's processes are gone, so it takes no core
+from the measurement; its seconds count in the trial's wall time and overhead.
+
+Only what the protocol reproduces is kept: the CPU, one process, eager (a compiled step holds other
+buffers). Under 'auto' a run is made only where it can matter and has not been made yet: the trial's
+peak is at least AUTO_SHARE of the memory it may use (its memory cap, else the host's), and the store
+holds no fresh-process peak of this configuration within a factor NEAR of its batch (a calibration's
+runs count: they are the same protocol).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.hardware.spec import HardwareSpec
+from probes.config import CompileMode, TrainingConfig, TrialBudget
+from probes.result import TrialResult
+
+log = logging.getLogger(__name__)
+# 'auto' skips trials that use less than this share of their memory: there an error of the estimate
+# decides nothing soon (the tuner's batch sizes grow by factors of 2; a peak of 1/8 is 3 doublings away).
+AUTO_SHARE = 1 / 8
+# 'auto' skips a batch within this factor of one already measured by the protocol: the resident-set
+# fit interpolates between such points within their noise.
+NEAR = 2.0
+# Less than this left of the trial's timeout: no run (a fresh process imports torch first).
+MIN_TIMEOUT_S = 10.0
+
+
+def _why_not(budget: TrialBudget, config: TrainingConfig, hw: HardwareSpec, result: TrialResult) -> str | None:
+    """Why this trial gets no protocol run ('' : silently none), or None: run it (subject to the store)."""
+    if budget.record_peak == "never" or config.device != "cpu" or not result.ok:
+        return ""
+    cannot = ("the protocol runs one process; this trial ran " + str(config.nproc) if config.nproc != 1 else
+              f"the protocol runs eager steps; this trial compiled ({config.compile_mode.value})"
+              if config.compile_mode != CompileMode.none else None)
+    if cannot:
+        return "" if budget.record_peak == "auto" else f"no fresh-process peak run: {cannot}"
+    limit = budget.memory_cap_bytes or hw.memory_per_device_bytes
+    if budget.record_peak == "auto" and (result.peak_memory_bytes or 0) < AUTO_SHARE * limit:
+        return ""
+    return None
+
+
+def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, hw: HardwareSpec,
+                         config: TrainingConfig, budget: TrialBudget, result: TrialResult,
+                         deadline: float) -> TrialResult:
+    """`result` with the protocol's peak and a note where a run was made (or asked for and not made);
+    `result` itself otherwise. Nothing here fails the trial: a run that cannot be made or kept is a note."""
+    why = _why_not(budget, config, hw, result)
+    if why is not None:
+        return _with_note(result, why) if why else result
+    from advisor.estimate.model import EstimateRequest
+    from advisor.fingerprint import workload_fingerprint
+    from advisor.measure import MeasureRequest, measure
+    from advisor.peaks import default_peaks, device_key, point_key, record_points, request_knobs
+    from advisor.render import human_bytes
+
+    one = hw.model_copy(update={"devices_per_node": 1, "nodes": 1})
+    b = config.batch_size
+    request = EstimateRequest(batch_size=b, precision=config.precision, optimizer=config.optimizer,
+                              checkpointing=config.checkpointing, fused_backward=config.fused_backward,
+                              optimizer_impl=config.optimizer_impl)
+    try:
+        fingerprint = workload_fingerprint(wl)
+        store = default_peaks()
+        if budget.record_peak == "auto":
+            key = point_key(fingerprint, device_key(one), request_knobs(request, 1, "none", "cpu_rss"))
+            if any(p.batch_size / NEAR <= b <= p.batch_size * NEAR for p in store.points(key)):
+                return result
+        left = deadline - time.monotonic()
+        if left < MIN_TIMEOUT_S:
+            return _with_note(result, f"no fresh-process peak run: {left:.0f} s left of the trial's timeout")
+        started = time.monotonic()
+        run = measure(MeasureRequest(workload=workload, workload_args=workload_args, batch_size=b,
+                                     precision=config.precision, optimizer=config.optimizer,
+                                     optimizer_impl=config.optimizer_impl, checkpointing=config.checkpointing,
+                                     fused_backward=config.fused_backward, threads=config.threads, mode="rss"),
+                      timeout_s=left)
+        peak = int(run.rss_delta_bytes)
+        predicted = result.predicted_memory_bytes
+        record_points(fingerprint, one, request, "none", "cpu_rss", [(b, peak, predicted)], store)
+    except AdvisorError as exc:  # the trial stands; later estimates go without this refinement
+        log.warning("fresh-process peak not recorded: %s", exc)
+        return _with_note(result, f"no fresh-process peak kept: {exc}")
+    vs = f" (predicted {human_bytes(predicted)}, {(predicted - peak) / peak:+.1%})" if predicted and peak else ""
+    note = (f"DESIGN.md's peak protocol, run once in a fresh process after the trial: {human_bytes(peak)} at batch "
+            f"{b}{vs}; kept as a measured peak, so later estimates of this configuration are refined by it")
+    spent = time.monotonic() - started
+    return _with_note(result.model_copy(update={"protocol_peak_bytes": peak, "wall_s": result.wall_s + spent,
+                                                 "overhead_s": (result.overhead_s or 0.0) + spent}), note)
+
+
+def _with_note(result: TrialResult, note: str) -> TrialResult:
+    return result.model_copy(update={"notes": [*result.notes, note]})
