@@ -9,7 +9,8 @@ batches. So it differs from a fresh process's protocol peak by 39-130 MB, by wor
 The run here is the protocol itself (advisor.measure, mode rss): steps with the trial's precision,
 optimizer and implementation, checkpointing and fused step, at its batch, with its intra-op threads,
 on the workload's make_batch. It starts after the trial's processes are gone, so it takes no core
-from the measurement; its seconds count in the trial's wall time and overhead.
+from the measurement; its seconds count in the trial's wall time and overhead. It is not held to the
+trial's memory cap: it runs what just fit under it, and holds at most ~130 MB more than the rank here.
 
 Only what the protocol reproduces is kept: the CPU, one process, eager (a compiled step holds other
 buffers). Under 'auto' a run is made only where it can matter and has not been made yet: the trial's

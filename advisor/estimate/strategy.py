@@ -95,25 +95,31 @@ def heap_and_mapped(curve: np.ndarray, synthetic: bool = False,
                     untouched: np.ndarray | None = None) -> tuple[int, int, int]:
     """(persistent peak, transient peak of heap-served allocations, transient peak of mapped ones)
     (bytes). Freed heap memory stays resident and mapped memory does not, so the two transient
-    parts weigh differently in the resident set. Each event's allocation is the curve's step there;
-    a synthetic curve (peak moments, not events) counts everything as heap-served. `untouched`
-    (the trace's, per event): bytes a kernel never writes, which a mapping of their own keeps out
-    of the resident set."""
+    parts weigh differently in the resident set. A synthetic curve (peak moments, not events)
+    counts everything as heap-served. `untouched`: as in `split_over_step`."""
     if len(curve) == 0:
         return 0, 0, 0
+    persistent, heap, mapped = split_over_step(curve, None if synthetic else untouched)
+    if synthetic:
+        return int(persistent.max()), int((heap + mapped).max()), 0
+    return int(persistent.max()), int(heap.max()), int(max(0, mapped.max()))
+
+
+def split_over_step(curve: np.ndarray, untouched: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per event: (persistent live bytes, heap-served transient live bytes, mapped transient live
+    bytes). Each event's allocation is the curve's step there; one of MMAP_FROM_BYTES or more is
+    mapped. `untouched` (the trace's, per event): bytes a kernel never writes, which a mapping of
+    their own keeps out of the resident set (taken off the mapped part)."""
     mask = np.zeros(curve.shape[1], dtype=bool)
     mask[list(PERSISTENT)] = True
-    persistent = int(curve[:, mask].sum(axis=1).max())
     transient = curve[:, ~mask].sum(axis=1)
-    if synthetic:
-        return persistent, int(transient.max()), 0
     step = np.diff(transient, prepend=0)
     own_mapping = np.abs(step) >= MMAP_FROM_BYTES
     mapped = np.cumsum(np.where(own_mapping, step, 0))
-    heap = int((transient - mapped).max())
+    heap = transient - mapped
     if untouched is not None:
         mapped = mapped - np.cumsum(np.where(own_mapping, untouched, 0))
-    return persistent, heap, int(max(0, mapped.max()))
+    return curve[:, mask].sum(axis=1), heap, mapped
 
 
 def touched_peak(curve: np.ndarray, untouched: np.ndarray | None = None) -> int:
