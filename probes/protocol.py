@@ -45,9 +45,11 @@ def _why_not(budget: TrialBudget, config: TrainingConfig, hw: HardwareSpec, resu
     """Why this trial gets no protocol run ('' : silently none), or None: run it (subject to the store)."""
     if budget.record_peak == "never" or config.device != "cpu" or not result.ok:
         return ""
-    cannot = ("the protocol runs one process; this trial ran " + str(config.nproc) if config.nproc != 1 else
-              f"the protocol runs eager steps; this trial compiled ({config.compile_mode.value})"
-              if config.compile_mode != CompileMode.none else None)
+    cannot = None
+    if config.nproc != 1:
+        cannot = f"the protocol runs one process; this trial ran {config.nproc}"
+    elif config.compile_mode != CompileMode.none:
+        cannot = f"the protocol runs eager steps; this trial compiled ({config.compile_mode.value})"
     if cannot:
         return "" if budget.record_peak == "auto" else f"no fresh-process peak run: {cannot}"
     limit = budget.memory_cap_bytes or hw.memory_per_device_bytes
