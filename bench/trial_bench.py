@@ -122,13 +122,26 @@ def _md_grid(title: str, rows: list[dict], best_of: str = "samples_per_s") -> li
     return out + [""]
 
 
+PARTS = ("overhead", "repeat", "image", "transformer")
+
+
+def _ran(res: dict, part: str) -> list[str]:
+    """A line saying when and where `part` ran, where that is not the file's own run."""
+    run = res[part].get("run")
+    if not run or (run["started"], run["machine"]) == (res["started"], res["machine"]):
+        return []
+    return [f"Run {run['started']} on {run['machine']}.", ""]
+
+
 def markdown(res: dict) -> str:
     title = "## Measured trials on CUDA" if res.get("device") == "cuda" else "## Measured trials"
-    lines = [title, "", f"Run {res['started']} on {res['machine']}.", ""]
+    lines = [title, "", f"Run {res['started']} on {res['machine']}"
+             + (" (parts that ran elsewhere or earlier say so)." if any(_ran(res, p) for p in PARTS if p in res)
+                else "."), ""]
     if "overhead" in res:
         o = res["overhead"]
         each = ", ".join(f"{r['overhead_s']:.2f}" for r in o["trials"])
-        lines += ["### Per-trial overhead (eager)", "",
+        lines += ["### Per-trial overhead (eager)", "", *_ran(res, "overhead"),
                   f"{len(o['trials'])} trials of `{SMALL[0]}` (batch 64, warm-up 2, >= 5 steps and >= 1 s): median "
                   f"overhead {o['median_overhead_s']:.2f} s (goal <= 2 s: {'met' if o['met'] else 'NOT met'}); "
                   f"each: {each} s. Of that, building the model and its optimizer (the workload's own cost, paid by any "
@@ -136,7 +149,7 @@ def markdown(res: dict) -> str:
                   f"estimate, teardown) {o['median_harness_s']:.2f} s. The first trial of a process "
                   f"also starts the fork server (torch import): {o['first_trial']['overhead_s']:.2f} s.", ""]
     if "repeat" in res and "rows" in res["repeat"]:
-        lines += ["### Repeatability", "", "Each row: one config, each repeat a fresh trial process (warm-up 3, >= 20 "
+        lines += ["### Repeatability", "", *_ran(res, "repeat"), "Each row: one config, each repeat a fresh trial process (warm-up 3, >= 20 "
                   "steps and >= 4 s), run one after another.", "",
                   "| preset | batch | threads | samples/s | CV | goal <= 5% |", "|---|---|---|---|---|---|"]
         for rp in res["repeat"]["rows"]:
@@ -147,7 +160,8 @@ def markdown(res: dict) -> str:
         lines.append("")
     for key, title in (("image", "Decode-heavy image preset"), ("transformer", "Small transformer")):
         if key in res:
-            lines += _md_grid(f"{title}: {res[key]['preset']}", res[key]["rows"])
+            grid_lines = _md_grid(f"{title}: {res[key]['preset']}", res[key]["rows"])
+            lines += grid_lines[:2] + _ran(res, key) + grid_lines[2:]
     return "\n".join(lines)
 
 
@@ -163,7 +177,10 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     import torch
 
-    machine = f"{platform.node() and 'vm'} ({len(os.sched_getaffinity(0))} CPUs, torch {torch.__version__})"
+    from advisor.hardware.sysinfo import cpu_model_name
+
+    machine = (f"{platform.node() and 'vm'} ({cpu_model_name()}, {len(os.sched_getaffinity(0))} CPUs, "
+               f"torch {torch.__version__})")
     if args.device == "cuda":
         global HARDWARE
         if not torch.cuda.is_available():
@@ -196,8 +213,15 @@ def main() -> int:
                    "compile_mode": ["none", "default"], "threads": [2]}
         res["transformer"] = {"preset": f"{TRANSFORMER[0]} {TRANSFORMER[1]}", "rows": grid(TRANSFORMER, tr_axes, budget)}
     stem = "trials-cuda" if args.device == "cuda" else "trials"
+    for part in PARTS:  # each part says when and where it ran: a merged file holds parts of several runs
+        if part in res:
+            res[part]["run"] = {"started": res["started"], "machine": res["machine"]}
     if args.merge and (RESULTS / f"{stem}.json").exists():
-        res = {**json.loads((RESULTS / f"{stem}.json").read_text()), **res}
+        earlier = json.loads((RESULTS / f"{stem}.json").read_text())
+        for part in PARTS:
+            if part in earlier:
+                earlier[part].setdefault("run", {"started": earlier["started"], "machine": earlier["machine"]})
+        res = {**earlier, **res}
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2))
     (RESULTS / f"{stem}.md").write_text(markdown(res))
     print(markdown(res))
