@@ -31,19 +31,46 @@ def test_tied_embedding_gradients_are_summed_as_the_real_engine_sums_them(precis
     assert traced.peak_bytes == pytest.approx(real, rel=0.005), (traced.peak_bytes, real)
 
 
+# Run in a fresh process, as the protocol runs its steps: after some 300 other tests in one pytest
+# process (tests/advisor, this Intel Xeon VM, 2026-11-24) the real step's workspaces came out 43 MB
+# more resident than in a fresh process, where the fake trace's probe had not moved (cause not found).
+_RNN_SCRIPT = """
+import json
+from advisor.config import OptimizerKind, Precision
+from advisor.estimate.trace import trace_training
+from advisor.workload import load_workload
+
+wl = load_workload("lstm", {"hidden": 512, "vocab": 1000})
+kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.sgd, count_flops=False)
+out = {}
+for name, tr in (("fake", trace_training(wl, 32, cpu_workspaces=True, **kw)),
+                 ("real", trace_training(wl, 32, fake=False, **kw))):
+    u = tr.untouched
+    if u is None:
+        out[name] = {"has_untouched": False}
+        continue
+    workspaces = (u > 0) & (tr.sizes >= 32 << 20)
+    out[name] = {"has_untouched": True, "workspaces": int(workspaces.sum()),
+                 "partly_written": bool((u[workspaces] < tr.sizes[workspaces]).all()),
+                 "net": int(u.sum()), "untouched": int(u[u > 0].sum())}
+print(json.dumps(out))
+"""
+
+
 def test_rnn_workspace_bytes_its_kernel_never_writes_are_measured() -> None:
     # hidden 512, 64 steps, batch 32: each layer's workspace is 64 MB, mapped on its own by glibc, so
     # its unwritten pages are not resident; the fake trace sizes it by one real run of the op
-    wl = load_workload("lstm", {"hidden": 512, "vocab": 1000})
-    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.sgd, count_flops=False)
-    fake = trace_training(wl, 32, cpu_workspaces=True, **kw)
-    real = trace_training(wl, 32, fake=False, **kw)
-    for tr in (fake, real):
-        assert tr.untouched is not None
-        big = tr.sizes >= 32 << 20
-        workspaces = (tr.untouched > 0) & big
-        assert workspaces.sum() >= 2, "one workspace per layer per step, each partly unwritten"
-        assert (tr.untouched[workspaces] < tr.sizes[workspaces]).all()
-        assert tr.untouched.sum() == 0, "each allocation's untouched bytes leave with its free"
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _RNN_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for tr in out.values():
+        assert tr["has_untouched"]
+        assert tr["workspaces"] >= 2, "one workspace per layer per step, each partly unwritten"
+        assert tr["partly_written"]
+        assert tr["net"] == 0, "each allocation's untouched bytes leave with its free"
     # the fake trace's probe and the real kernel in a real step leave the same bytes unwritten (pages)
-    assert fake.untouched[fake.untouched > 0].sum() == pytest.approx(real.untouched[real.untouched > 0].sum(), rel=0.02)
+    assert out["fake"]["untouched"] == pytest.approx(out["real"]["untouched"], rel=0.02)
