@@ -87,8 +87,8 @@ def _build_parser() -> argparse.ArgumentParser:
     trial.add_argument("--no-estimate", action="store_true", help="skip the estimator's prediction")
     trial.add_argument("--record-peak", choices=("auto", "always", "never"), default="auto",
                        help="CPU: after the trial, run DESIGN.md's peak protocol once in a fresh process and keep it as "
-                            "a measured peak that refines later estimates (auto: where the trial used 1/8 or more of its "
-                            "memory and no such peak lies near its batch; default auto)")
+                            "a measured peak that refines later estimates (auto: where the trial's peak, measured or "
+                            "predicted, is 1/8 or more of its memory and no such peak lies near its batch; default auto)")
     trial.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     sub.add_parser("workloads", help="list the built-in workload presets")

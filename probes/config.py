@@ -139,8 +139,8 @@ class TrialBudget(BaseModel):
     record_peak: Literal["auto", "always", "never"] = Field(
         default="auto", description="CPU, one process, eager: after an ok trial, run DESIGN.md's peak protocol once in a "
         "fresh process at the same batch and keep it as a measured peak that refines the estimator (seconds more; see "
-        "probes/protocol.py). 'auto': only where the trial used a noticeable share of its memory and no such peak of "
-        "this configuration lies near its batch yet.")
+        "probes/protocol.py). 'auto': only where the trial's peak (measured or predicted) is 1/8 or more of its "
+        "memory and no such peak of this configuration lies near its batch yet.")
 
     @model_validator(mode="after")
     def _check(self) -> "TrialBudget":

@@ -16,7 +16,9 @@ Only what the protocol reproduces is kept: the CPU, one process, eager (a compil
 buffers). Under 'auto' a run is made only where it can matter and has not been made yet: the trial's
 peak is at least AUTO_SHARE of the memory it may use (its memory cap, else the host's), and the store
 holds no fresh-process peak of this configuration within a factor NEAR of its batch (a calibration's
-runs count: they are the same protocol).
+runs count: they are the same protocol). The peak there is the larger of the rank's and the trial's
+prediction: a forked rank's growth moves with the fork server's heap (tiny-gpt2 b64: 78 MB after
+the server had run another trial, 130 MB from a fresh server), the prediction does not.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def _why_not(budget: TrialBudget, config: TrainingConfig, hw: HardwareSpec, resu
     if cannot:
         return "" if budget.record_peak == "auto" else f"no fresh-process peak run: {cannot}"
     limit = budget.memory_cap_bytes or hw.memory_per_device_bytes
-    if budget.record_peak == "auto" and (result.peak_memory_bytes or 0) < AUTO_SHARE * limit:
+    used = max(result.peak_memory_bytes or 0, result.predicted_memory_bytes or 0)
+    if budget.record_peak == "auto" and used < AUTO_SHARE * limit:
         return ""
     return None
 
@@ -99,6 +102,9 @@ def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, 
     except AdvisorError as exc:  # the trial stands; later estimates go without this refinement
         log.warning("fresh-process peak not recorded: %s", exc)
         return _with_note(result, f"no fresh-process peak kept: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a bug here must not lose the trial's measurement; it is reported
+        log.exception("fresh-process peak run failed")
+        return _with_note(result, f"no fresh-process peak kept: {type(exc).__name__}: {exc}")
     vs = f" (predicted {human_bytes(predicted)}, {(predicted - peak) / peak:+.1%})" if predicted and peak else ""
     note = (f"DESIGN.md's peak protocol, run once in a fresh process after the trial: {human_bytes(peak)} at batch "
             f"{b}{vs}; kept as a measured peak, so later estimates of this configuration are refined by it")

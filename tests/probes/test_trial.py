@@ -62,7 +62,7 @@ def test_ok_trial_reports_every_figure():
 
 
 def test_cpu_trial_keeps_a_fresh_process_peak_that_refines_the_estimate():
-    # record_peak='auto' under a cap the trial's peak is over 1/8 of: after the trial, one run of
+    # record_peak='auto' under a cap the trial's predicted peak is over 1/8 of: after the trial, one run of
     # DESIGN.md's protocol in a fresh process, kept as a measured peak that the next estimate of the
     # same configuration goes through; a trial at a batch within 2x of it makes no second run.
     # (sgd-momentum with the foreach step: a configuration no other test's calibration records.)
@@ -83,7 +83,7 @@ def test_cpu_trial_keeps_a_fresh_process_peak_that_refines_the_estimate():
     budget = QUICK.model_copy(update={"memory_cap_bytes": 768 * 2**20})
     first = run_trial("tiny-gpt2", {"batch_size": 64, **knobs}, hardware="cpu", workload_args=wargs, budget=budget)
     assert first.status == TrialStatus.ok, first.error
-    assert first.peak_memory_bytes >= budget.memory_cap_bytes / 8  # so 'auto' runs the protocol
+    assert first.predicted_memory_bytes >= budget.memory_cap_bytes / 8  # so 'auto' runs the protocol
     assert first.protocol_peak_bytes > 0 and any("fresh process" in n for n in first.notes)
     [point] = default_peaks().points(key)
     assert (point.batch_size, point.peak_bytes, point.predicted_bytes) == (64, first.protocol_peak_bytes,
