@@ -245,7 +245,8 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
             del _CALIBRATIONS[next(iter(_CALIBRATIONS))]
     calib, bm = _CALIBRATIONS[key]
     notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}{reused}: "
-                 f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps that clear)")
+                 f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps "
+                 f"{calib.margin / 2**20:.0f} MiB clear)")
     if calib.used_real_traces:
         notes.append("real kernels allocate differently from the fake trace here (e.g. a workspace): "
                      "using traces of real steps at small batch sizes, extrapolated per allocation")

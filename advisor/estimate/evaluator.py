@@ -71,8 +71,8 @@ class Evaluator:
         return sum(self.total(b, strategy))
 
     def max_batch(self, usable: int, strategy: Strategy | None = None) -> int:
-        """The largest batch whose total fits `usable`, a calibration's run-to-run spread kept clear."""
-        usable -= int(self.calib.spread) if self.calib is not None and self.refined is None else 0
+        """The largest batch whose total fits `usable`, a calibration's margin (its runs' spread) kept clear."""
+        usable -= int(self.calib.margin) if self.calib is not None and self.refined is None else 0
         if self.device_bytes(1, strategy) > usable:
             return 0
         lo, hi = 1, 2

@@ -160,7 +160,8 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
         ran_at, answer = answer, ev.max_batch(usable)
         again = answer
         notes.append(f"largest batch re-solved after real runs at {ran_at} (fit over batch sizes "
-                     f"{', '.join(map(str, calib.batches))}: {calib.formula()}, runs within {calib.spread / 2**20:.0f} MiB of it): {ran_at} -> {answer}")
+                     f"{', '.join(map(str, calib.batches))}: {calib.formula()}, runs within {calib.spread / 2**20:.0f} MiB of it, "
+                     f"{calib.margin / 2**20:.0f} MiB kept clear): {ran_at} -> {answer}")
         if abs(answer - ran_at) <= NEAR * ran_at:
             break
     return again

@@ -40,6 +40,11 @@ class CpuCalibration:
     def formula(self) -> str:
         return f"resident = persistent + {self.slope:.2f} x transient + {self.intercept / MB:.0f} MiB"
 
+    @property
+    def margin(self) -> float:
+        """What the largest batch keeps clear of the cap (bytes): here, without runs, the spread."""
+        return self.spread
+
     def resident(self, persistent: int, transient: int, mapped: int = 0) -> int:
         """`transient`: heap-served transient peak; `mapped`: the peak of transient allocations glibc
         maps on their own (strategy.heap_and_mapped), resident only while they live."""
