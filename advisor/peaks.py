@@ -1,8 +1,9 @@
 """Measured peak memory of (workload, device, configuration) points: what refines the estimator.
 
-A trial that measured a real peak records it here (`record_measured_peak`; CUDA trials do, CPU
-trials do not, see probes/runner.py `_record_peak`), and so does a CPU calibration, each of its
-fresh-process runs (DESIGN.md's protocol) a point (`record_points`); `estimate_memory` reads the points of the same
+A trial that measured a real peak records it here (`record_measured_peak`: a CUDA trial its own
+peak; a CPU trial one fresh-process run of DESIGN.md's protocol after itself, probes/protocol.py, as
+its forked rank's peak is not that quantity, see probes/runner.py `_record_peak`), and so does a CPU
+calibration, each of its fresh-process runs a point (`record_points`); `estimate_memory` reads the points of the same
 workload fingerprint, device and memory-changing knobs and refines its estimate with them: on CUDA
 a shift or an affine fit in the batch size, on this CPU more runs of its resident-set fit
 (advisor/estimate/refine.py says why they differ). The store is a small interface
@@ -63,6 +64,13 @@ class PeakPoint(BaseModel):
 
 def point_key(fingerprint: str, device: str, knobs: dict[str, object]) -> str:
     return config_key(fingerprint, device, knobs)
+
+
+def request_key(fingerprint: str, hardware: HardwareSpec, request: EstimateRequest, compile_mode: str,
+                quantity: str) -> str:
+    """The key `record_points` files a request's points under on `hardware` (PeakPoint.key)."""
+    return point_key(fingerprint, device_key(hardware), request_knobs(request, hardware.world_size, compile_mode,
+                                                                      quantity))
 
 
 def device_key(hw: HardwareSpec) -> str:

@@ -110,12 +110,12 @@ def _key(c: Case) -> str:
     from advisor.estimate.model import EstimateRequest
     from advisor.fingerprint import workload_fingerprint
     from advisor.hardware import get_hardware
-    from advisor.peaks import device_key, point_key, request_knobs
+    from advisor.peaks import request_key
     from advisor.workload import load_workload
 
     req = EstimateRequest(batch_size=c.trial_batch, precision=c.precision, optimizer=c.optimizer)
-    return point_key(workload_fingerprint(load_workload(c.workload, c.args)), device_key(get_hardware("cpu")),
-                     request_knobs(req, 1, "none", "cpu_rss"))
+    return request_key(workload_fingerprint(load_workload(c.workload, c.args)), get_hardware("cpu"), req, "none",
+                       "cpu_rss")
 
 
 def run_case(c: Case, pool: ThreadPoolExecutor, maxbatch: bool) -> dict[str, Any]:

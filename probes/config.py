@@ -123,6 +123,21 @@ def inapplicable(config: TrainingConfig, hardware: "HardwareSpec", workload: "Wo
     return None
 
 
+def trial_hardware(hw: "HardwareSpec", c: TrainingConfig) -> "HardwareSpec":
+    """`hw` as one trial of `c` uses it: its nproc devices (or CPU ranks) on one node. The estimate of a
+    config and the measured peaks of it both describe that world, not the whole machine's."""
+    return hw.model_copy(update={"devices_per_node": c.nproc, "nodes": 1})
+
+
+def estimate_request(c: TrainingConfig):
+    """The estimator's request (advisor.estimate.model.EstimateRequest) for this config's memory knobs."""
+    from advisor.estimate.model import EstimateRequest
+
+    return EstimateRequest(batch_size=c.batch_size, precision=c.precision, optimizer=c.optimizer, strategy=c.strategy,
+                           checkpointing=c.checkpointing, fused_backward=c.fused_backward,
+                           optimizer_impl=c.optimizer_impl)
+
+
 class TrialBudget(BaseModel):
     """How a trial measures: warm-up excluded, then timed steps until both minimums are met."""
 

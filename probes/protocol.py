@@ -69,23 +69,21 @@ def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, 
     why = _why_not(budget, config, hw, result)
     if why is not None:
         return _with_note(result, why) if why else result
-    from advisor.estimate.model import EstimateRequest
     from advisor.fingerprint import workload_fingerprint
     from advisor.measure import MeasureRequest, measure
-    from advisor.peaks import default_peaks, device_key, point_key, record_points, request_knobs
+    from advisor.peaks import default_peaks, record_points, request_key
     from advisor.render import human_bytes
+    from probes.config import estimate_request, trial_hardware
 
-    one = hw.model_copy(update={"devices_per_node": 1, "nodes": 1})
+    one = trial_hardware(hw, config)  # nproc is 1 here
     b = config.batch_size
-    request = EstimateRequest(batch_size=b, precision=config.precision, optimizer=config.optimizer,
-                              checkpointing=config.checkpointing, fused_backward=config.fused_backward,
-                              optimizer_impl=config.optimizer_impl)
+    request = estimate_request(config)
     try:
         fingerprint = workload_fingerprint(wl)
         store = default_peaks()
         if budget.record_peak == "auto":
-            key = point_key(fingerprint, device_key(one), request_knobs(request, 1, "none", "cpu_rss"))
-            if any(p.batch_size / NEAR <= b <= p.batch_size * NEAR for p in store.points(key)):
+            if any(p.batch_size / NEAR <= b <= p.batch_size * NEAR
+                   for p in store.points(request_key(fingerprint, one, request, "none", "cpu_rss"))):
                 return result
         left = deadline - time.monotonic()
         if left < MIN_TIMEOUT_S:

@@ -20,7 +20,7 @@ from typing import Any
 from advisor.errors import AdvisorError, SpecError
 from advisor.hardware.spec import HardwareSpec
 from probes.child import ChildReport, ChildRequest
-from probes.config import CompileMode, TrainingConfig, TrialBudget, inapplicable
+from probes.config import CompileMode, TrainingConfig, TrialBudget, inapplicable, trial_hardware
 from probes.result import TrialResult, TrialStatus
 from probes.summary import summarize
 
@@ -168,8 +168,7 @@ def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: 
     """
     from advisor.estimate import estimate_memory
 
-    if config.nproc > hw.world_size:  # N CPU ranks on one host: estimate for N "devices"
-        hw = hw.model_copy(update={"devices_per_node": config.nproc})
+    hw = trial_hardware(hw, config)
     try:
         return estimate_memory(workload, hw, config.batch_size, precision=config.precision, optimizer=config.optimizer,
                                strategy=config.strategy, checkpointing=config.checkpointing,
@@ -309,17 +308,11 @@ def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResu
     """
     if config.device != "cuda" or not result.peak_memory_bytes:
         return
-    from advisor.estimate.model import EstimateRequest
     from advisor.peaks import record_measured_peak
+    from probes.config import estimate_request
 
-    if config.nproc > hw.world_size:  # N CPU ranks on one host
-        hw = hw.model_copy(update={"devices_per_node": config.nproc})
-    request = EstimateRequest(batch_size=config.batch_size, precision=config.precision, optimizer=config.optimizer,
-                              strategy=config.strategy, checkpointing=config.checkpointing,
-                              fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
-    quantity = "cuda_reserved" if config.device == "cuda" else "cpu_rss"
     try:
-        record_measured_peak(wl, hw, request, config.compile_mode.value, result.peak_memory_bytes, quantity,
-                             result.predicted_memory_bytes)
+        record_measured_peak(wl, trial_hardware(hw, config), estimate_request(config), config.compile_mode.value,
+                             result.peak_memory_bytes, "cuda_reserved", result.predicted_memory_bytes)
     except AdvisorError as exc:  # a peak that cannot be kept costs the estimator a refinement, nothing more
         log.warning("measured peak not recorded: %s", exc)

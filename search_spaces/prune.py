@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.errors import EstimateError, TrialError
 from advisor.hardware.spec import HardwareSpec
-from probes.config import TrainingConfig
+from probes.config import TrainingConfig, trial_hardware
 
 if TYPE_CHECKING:
     from advisor.workload import Workload
@@ -104,7 +104,7 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
     from advisor.estimate import estimate_memory
 
     # The estimate scales by the world size the trial will have, not the whole machine.
-    target = hardware.model_copy(update={"devices_per_node": config.nproc, "nodes": 1})
+    target = trial_hardware(hardware, config)
     try:
         est = estimate_memory(workload, target, config.batch_size, precision=config.precision,
                               optimizer=config.optimizer, strategy=config.strategy, checkpointing=config.checkpointing,

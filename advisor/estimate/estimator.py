@@ -296,14 +296,14 @@ def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: Esti
     """The store I/O at the estimator's edge: (batch size, peak bytes) of this configuration's measured
     peaks. A CPU's measured resident sets describe only the host they ran on, so a CPU target uses
     them only when it is this machine; a GPU's carry over to devices of the same catalog model."""
-    from advisor.peaks import default_peaks, device_key, point_key, request_knobs
+    from advisor.peaks import default_peaks, request_key
 
     if hw.device_type == "cpu" and not hw.is_local:
         return []
     store = default_peaks() if measured is True else measured
     if not store.may_hold_points():
         return []
-    key = point_key(fingerprint(), device_key(hw), request_knobs(req, hw.world_size, compile_mode, predicts))
+    key = request_key(fingerprint(), hw, req, compile_mode, predicts)
     return [(p.batch_size, p.peak_bytes) for p in store.points(key)]
 
 
