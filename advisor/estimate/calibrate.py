@@ -168,6 +168,36 @@ def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple
     return _fit(heap, [r - p - m for (_, r), (p, _, m) in zip(rss, split)], [r for _, r in rss])
 
 
+# The share of a target's transient peak in mapped allocations from which a crossing is worth a warning.
+MAPPED_REGIME_SHARE = 0.25
+
+
+def mapped_share(req: EstimateRequest, bm: BatchModel, b: int) -> float:
+    """The share of batch b's transient peak held by allocations glibc maps on their own (0-1)."""
+    tr = bm.at(b)
+    _, heap, mapped = heap_and_mapped(scaled_curve(req, tr, 1), tr.synthetic, tr.untouched)
+    return mapped / (heap + mapped) if heap + mapped > 0 else 0.0
+
+
+def mapped_regime_note(req: EstimateRequest, bm: BatchModel, batches: tuple[int, ...], b: int) -> str | None:
+    """A warning when batch b lies across glibc's mmap threshold from every calibration run: at least
+    MAPPED_REGIME_SHARE of its transient peak is mapped, and no run had half its share. A freed mapped
+    allocation leaves the resident set and a freed heap chunk stays, so the runs' resident bytes per
+    transient byte do not carry over, and nothing the runs show says by how much: on this project's VM
+    the error there was +35% (mlp b4096, whose 32 MiB activations leave a heap that fragmented 2.2x at
+    the runs' batch sizes) and -10% (a transformer encoder at b16, whose attention maps crossed at 32 MiB)."""
+    share = mapped_share(req, bm, b)
+    if share < MAPPED_REGIME_SHARE or not batches:
+        return None
+    ran = max(mapped_share(req, bm, x) for x in batches)
+    if ran >= share / 2:
+        return None
+    return (f"less certain: at batch {b}, {share:.0%} of the transient peak is allocations of 32 MiB and up, which "
+            f"glibc maps on their own and unmaps when freed, against at most {ran:.0%} in the calibration runs "
+            f"(batch sizes {', '.join(map(str, batches))}); the resident set is extrapolated across glibc's mmap "
+            "threshold, where errors of -10% to +35% were measured on this project's VM (BENCHMARKS.md)")
+
+
 def with_measured_peaks(req: EstimateRequest, bm: BatchModel, first: Calibration | None,
                         points: tuple[tuple[int, int], ...]) -> Calibration:
     """The resident-set fit again with measured peaks (batch size, resident-set increase in bytes,

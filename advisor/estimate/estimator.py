@@ -221,7 +221,7 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
 
     from advisor.errors import TrialError
     from advisor.estimate import calcache
-    from advisor.estimate.calibrate import calibrate_cpu
+    from advisor.estimate.calibrate import calibrate_cpu, mapped_regime_note
 
     request = req.model_dump(mode="json")
     key = json.dumps([workload, workload_args or {}, fingerprint(), request], sort_keys=True, default=str)
@@ -247,6 +247,9 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
     notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}{reused}: "
                  f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps "
                  f"{calib.margin / 2**20:.0f} MiB clear)")
+    regime = mapped_regime_note(req, bm, calib.batches, req.batch_size)
+    if regime:
+        notes.append(regime)
     if calib.used_real_traces:
         notes.append("real kernels allocate differently from the fake trace here (e.g. a workspace): "
                      "using traces of real steps at small batch sizes, extrapolated per allocation")

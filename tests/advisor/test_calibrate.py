@@ -158,3 +158,21 @@ def test_a_calibration_is_kept_for_later_processes_and_its_runs_refine_uncalibra
     bare = estimate("--no-calibrate")
     assert not bare["calibrated"] and bare["refined_by"] == len(runs)
     assert any(f"refined by {len(runs)} measured peak(s)" in n for n in bare["notes"]), bare["notes"]
+
+
+def test_an_estimate_across_glibcs_mmap_threshold_from_its_calibration_runs_says_it_is_less_certain():
+    from advisor.config import OptimizerKind, Precision
+    from advisor.estimate.calibrate import mapped_regime_note, mapped_share
+    from advisor.estimate.estimator import _batch_model
+    from advisor.estimate.model import EstimateRequest
+    from advisor.workload import load_workload
+
+    # mlp's activations are batch x 2048 fp32: 32 MiB at 4096, mapped; at the runs' 512-2048, heap-served
+    req = EstimateRequest(batch_size=4096, precision=Precision.fp32, optimizer=OptimizerKind.adamw)
+    bm = _batch_model(load_workload("mlp"), req, cpu=True)
+    assert mapped_share(req, bm, 4096) > 0.5 and mapped_share(req, bm, 2048) == 0
+    note = mapped_regime_note(req, bm, calibration_batches(4096), 4096)
+    assert note is not None and "less certain" in note and "512, 1024, 2048" in note
+    # on the runs' side of the threshold, and with a run past it, nothing to say
+    assert mapped_regime_note(req, bm, calibration_batches(2048), 2048) is None
+    assert mapped_regime_note(req, bm, (2048, 4096), 8192) is None
