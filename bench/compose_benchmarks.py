@@ -58,10 +58,13 @@ def _tuner() -> str:
 
 def _estimator(acc: Path) -> list[str]:
     """The header and bench/estimate_accuracy.py's sections; without its results, this part of the
-    current BENCHMARKS.md as it stands (up to the calibration section, which is appended apart)."""
+    current BENCHMARKS.md as it stands (up to the sections appended apart: the unseen workloads', the calibration)."""
     if not acc.exists() and BENCHMARKS.exists():
         text = BENCHMARKS.read_text()
-        end = text.find(f"\n{CALIBRATION.read_text().strip().splitlines()[0]}") if CALIBRATION.exists() else -1
+        ends = [text.find("\n## Workloads outside the presets")]
+        if CALIBRATION.exists():
+            ends.append(text.find(f"\n{CALIBRATION.read_text().strip().splitlines()[0]}"))
+        end = min((e for e in ends if e > 0), default=-1)
         return [text[:end if end > 0 else None].strip() + "\n"]
     parts = [HEADER.read_text().strip() + "\n"]
     if acc.exists():
@@ -78,8 +81,25 @@ def _estimator(acc: Path) -> list[str]:
     return parts
 
 
+def _unseen() -> str:
+    """`estimate_accuracy.py --set unseen`'s summary and cases, as one section ('## Workloads outside the
+    presets'), then bench/notes/unseen.md; without its results, that section as BENCHMARKS.md has it."""
+    title = "Workloads outside the presets"
+    md = RESULTS / "accuracy-unseen.md"
+    if not md.exists():
+        return _section(md, title)
+    run = md.read_text().splitlines()[2].replace("(in progress)", "(stopped there)")
+    body = [f"## {title}\n", "```bash\n.venv/bin/python bench/estimate_accuracy.py --set unseen --skip maxbatch,speed "
+            "--out bench/results/accuracy-unseen.json\n```\n", run + "\n"]
+    for part in ("Summary", "Cases"):
+        body.append("#" + _section(md, part))
+    note = NOTES / "unseen.md"
+    return "\n".join(body) + ("\n" + note.read_text().strip() + "\n" if note.exists() else "")
+
+
 def main() -> int:
     parts = _estimator(RESULTS / "accuracy.md")
+    parts.append(_unseen())
     if CALIBRATION.exists():
         parts.append(CALIBRATION.read_text())
     # bench/estimate_accuracy_cuda.py, on a lent GPU machine

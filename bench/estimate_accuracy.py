@@ -16,6 +16,9 @@ markdown file next to it (accuracy.md):
    - anchors, against the RSS (see ANCHORS below for each formula and its source), and PyTorch's
      MemTracker under FakeTensorMode against the RSS and the allocated peak.
    Relative error = (estimate - measured) / measured.
+   With `--set unseen`, the same comparisons on bench/workloads/unseen.py: models written outside the
+   presets against DESIGN.md's Workload contract only (a frozen backbone, a GRU, a transformer encoder
+   with dict batches, a 1-D conv net), x the same precisions, optimizers and 2 batch sizes.
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
@@ -75,6 +78,15 @@ WORKLOADS: list[WorkloadCase] = [
 ]
 PRECISIONS = ("fp32", "bf16")
 OPTIMIZERS = ("adamw", "sgd-momentum")
+
+# Workloads outside the presets (bench/workloads/unseen.py), for `--set unseen`: sizes chosen as above.
+_UNSEEN = "bench/workloads/unseen.py"
+UNSEEN_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("frozen CNN + head", f"{_UNSEEN}:frozen", {}, (16, 64)),
+    WorkloadCase("GRU LM", f"{_UNSEEN}:gru", {}, (8, 32)),
+    WorkloadCase("encoder (dict batch)", f"{_UNSEEN}:encoder", {}, (4, 16)),
+    WorkloadCase("1-D conv audio", f"{_UNSEEN}:audio", {}, (8, 32)),
+]
 
 QUICK_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("MLP", "mlp", {}, (1024, 1024)),
@@ -645,7 +657,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/accuracy.json, "
                     "accuracy-quick.json with --quick); the markdown goes beside it with a .md suffix")
     ap.add_argument("--resume", action="store_true", help="keep the cases already in --out and run only the rest")
-    ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part)")
+    ap.add_argument("--set", choices=("presets", "unseen"), default="presets", help="the accuracy part's workloads: "
+                    "the presets' grid, or bench/workloads/unseen.py's models written outside them")
+    ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
+                    "the other workloads' kept cases stay in --out as they are")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: accuracy, maxbatch, speed")
     ap.add_argument("--render-only", action="store_true", help="rewrite the markdown and print the tables from --out")
     ap.add_argument("--reestimate", action="store_true", help="with --resume: estimate the kept cases again with "
@@ -670,8 +685,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     console = Console() if sys.stdout.isatty() else Console(width=240)
-    out = args.out or ROOT / "bench" / "results" / ("accuracy-quick.json" if args.quick else "accuracy.json")
+    out = (args.out or ROOT / "bench" / "results" / ("accuracy-quick.json" if args.quick else "accuracy.json")).resolve()
     md = out.with_suffix(".md")
+    if args.set == "unseen":
+        os.chdir(ROOT)  # the workloads are named by their path in the tree, for every fresh process of a run too
     if args.render_only:
         results = json.loads(out.read_text())
         results["summary"] = summarize(results["cases"])
@@ -682,10 +699,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
-    workloads = QUICK_WORKLOADS if args.quick else WORKLOADS
-    if args.only:
-        names = {n.strip() for n in args.only.split(",")}
-        workloads = [w for w in workloads if w.workload in names]
+    workloads = QUICK_WORKLOADS if args.quick else UNSEEN_WORKLOADS if args.set == "unseen" else WORKLOADS
+    # --only: the other workloads' cases kept from --out (with --resume) stay in it, in their place, untouched
+    only = {n.strip() for n in args.only.split(",")} if args.only else {w.workload for w in workloads}
     plan: list[tuple[WorkloadCase, str, str, int]] = []
     if args.quick:
         plan = [(wc, "fp32", "adamw", wc.batches[0]) for wc in workloads]
@@ -733,6 +749,11 @@ def main(argv: list[str] | None = None) -> int:
 
         for wc, prec, opt, b in plan:
             key = case_key(wc, prec, opt, b)
+            if wc.workload not in only:
+                if key in done:
+                    results["cases"].append(done[key])
+                progress.advance(t_cases)
+                continue
             if key in done:
                 rec = done[key]
                 if args.reestimate and rec.get("estimated_with") != results["meta"]["source"]["git_head"]:
