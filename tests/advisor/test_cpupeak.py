@@ -104,6 +104,18 @@ def test_hyperthreads_share_a_core_and_cpufreq_wins_over_cpuinfo(tmp_path: Path)
     assert hardware_from_host(probe_host(root / "proc", root / "sys", [0, 1])).note is None  # nothing assumed
 
 
+def test_amx_names_a_server_core_whatever_model_number_a_hypervisor_reports(tmp_path: Path) -> None:
+    # a VM seen on 2026-11-24: model 167 (0xA7, Rocket Lake: one 512-bit FMA unit) with AMX and AVX512-FP16,
+    # which only Sapphire Rapids and later server cores have (two units); real fp32 matmuls ran at 0.41
+    # TFLOP/s on its 2 cores at 2.6 GHz, over the one-unit peak of 0.17 even at 1.9x boost
+    vm = {**XEON_8488C, "model": "167", "model name": "Intel(R) Xeon(R) Processor"}
+    spec = spec_of(write_host(tmp_path, vm))
+    assert (spec.microarchitecture, spec.fp32_flop_per_cycle, spec.bf16_flop_per_cycle) == (
+        "sapphire-rapids-or-later", 64, 1024)
+    rocket_lake = {**vm, "flags": f"{X86_BASE} {AVX512}"}  # the same model number without AMX: the client core
+    assert spec_of(write_host(tmp_path / "client", rocket_lake)).fp32_flop_per_cycle == 32
+
+
 def test_a_vm_that_hides_avx512_leaves_the_avx2_path(tmp_path: Path) -> None:
     hidden = {**XEON_8488C, "flags": X86_BASE}  # Sapphire Rapids cores, AVX-512 and AMX masked
     spec = spec_of(write_host(tmp_path, hidden))
