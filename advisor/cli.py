@@ -140,9 +140,12 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         raise SpecError(f"--margin {args.margin} is not allowed; give a fraction in [0, 1)")
     from rich.console import Console
 
-    # A spinner on stderr while tracing and (on this CPU) the calibration runs go on; JSON stays clean.
-    with Console(stderr=True).status(f"estimating {args.workload} on {args.hardware} (tracing; on this CPU, "
-                                     "short calibration runs)"):
+    from advisor.estimate.stages import listening
+
+    # A spinner on stderr, saying which stage runs (tracing; on this CPU, calibration runs in fresh
+    # processes and runs near the largest batch, up to minutes for a slow step); JSON stays clean.
+    title = f"estimating {args.workload} on {args.hardware}"
+    with Console(stderr=True).status(title) as spinner, listening(lambda stage: spinner.update(f"{title}: {stage}")):
         est = estimate_memory(args.workload, args.hardware, args.batch_size, precision=args.precision,
                               optimizer=args.optimizer, strategy=args.strategy, checkpointing=args.checkpointing,
                               fused_backward=args.fused_backward, offload_optimizer=args.offload_optimizer,

@@ -16,6 +16,7 @@ from advisor.estimate.largest import largest_batches
 from advisor.estimate.overhead import CpuCalibration
 from advisor.estimate.refine import refine, resident_note
 from advisor.estimate.roofline import step_time
+from advisor.estimate.stages import report
 from advisor.estimate.trace import Trace, trace_training
 from advisor.fingerprint import workload_fingerprint
 from advisor.hardware.spec import HardwareSpec
@@ -110,6 +111,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
 
     do_cal = get_settings().calibrate if calibrate is None else calibrate
     local_cpu, probe_gpu = hw.device_type == "cpu" and hw.is_local, do_cal and _local_cuda(hw)
+    report(f"tracing {wl.name} at batch {batch}")
     bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes, cpu=local_cpu,
                                    device_type=hw.device_type, cuda=probe_gpu)
     if bm.trace_a.sized_kernels:
@@ -221,7 +223,7 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
 
     from advisor.errors import TrialError
     from advisor.estimate import calcache
-    from advisor.estimate.calibrate import calibrate_cpu, mapped_regime_note
+    from advisor.estimate.calibrate import calibrate_cpu, calibration_batches, mapped_regime_note
 
     request = req.model_dump(mode="json")
     key = json.dumps([workload, workload_args or {}, fingerprint(), request], sort_keys=True, default=str)
@@ -233,6 +235,8 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
             reused = " (runs of an earlier estimate on this host, kept in the data dir)"
             _CALIBRATIONS[key] = kept
         else:
+            report(f"calibrating: real steps in fresh processes at batch sizes "
+                   f"{', '.join(map(str, calibration_batches(req.batch_size)))}")
             try:
                 _CALIBRATIONS[key] = calibrate_cpu(workload, workload_args or {}, req, bm)
             except TrialError as exc:  # the real step fails here (e.g. no kernel for this dtype): the trace stands alone
@@ -243,6 +247,8 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
                 record(_CALIBRATIONS[key][0].rss)
         while len(_CALIBRATIONS) > CALIBRATIONS_KEPT:
             del _CALIBRATIONS[next(iter(_CALIBRATIONS))]
+    if reused:
+        report(f"calibration reused{reused}")
     calib, bm = _CALIBRATIONS[key]
     notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}{reused}: "
                  f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps "

@@ -20,6 +20,7 @@ from advisor.config import Strategy
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.evaluator import Evaluator
 from advisor.estimate.refine import CAUTION, cautious
+from advisor.estimate.stages import report
 from advisor.estimate.trace import Trace
 from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
@@ -146,6 +147,7 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
             notes.append(f"largest batch {answer} not checked with real runs: over {NEAR_REACH}x the largest batch run "
                          f"({max(ev.calib.batches)}), too far to trust what a run there would cost")
             break
+        report(f"largest batch: real steps at {answer} (twice) and {max(1, answer // 2)} to check it")
         try:
             calib = recalibrate_near(workload, workload_args or {}, ev.req, ev.bm, ev.calib, answer)
         except TrialError as exc:  # a run there failed (out of memory, say): the answer so far stands

@@ -12,6 +12,7 @@ import pytest
 from advisor.estimate import estimate_memory
 from advisor.estimate.calibrate import _fit, calibration_batches
 from advisor.estimate.overhead import CPU_DEFAULT
+from advisor.estimate.stages import listening
 from advisor.hardware import get_hardware
 from advisor.measure import MeasureRequest, measure
 
@@ -55,13 +56,18 @@ def test_largest_batch_is_resolved_again_near_itself() -> None:
     # second round runs there (twice) and at half of it (cheap: a few hundred MB against this host).
     cap = 260 * MB
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": cap})
-    est = estimate_memory("tiny-gpt2", hw, 16, calibrate=True, measured=False)  # default 5% margin
+    stages: list[str] = []
+    with listening(stages.append):  # what the CLI's spinner shows
+        est = estimate_memory("tiny-gpt2", hw, 16, calibrate=True, measured=False)  # default 5% margin
+    assert stages[0] == "tracing tiny-gpt2 at batch 16"
+    assert any(s.startswith(("calibrating: real steps", "calibration reused")) for s in stages), stages
     again = [n for n in est.notes if "re-solved" in n]
     assert again, est.notes
     first = int(re.search(r": (\d+) -> (\d+)$", again[0]).group(1))
     assert int(re.search(r": (\d+) -> (\d+)$", again[-1]).group(2)) == est.max_batch_size  # the last round's answer
     batches = {int(b) for b in re.search(r"batch sizes ([\d, ]+):", again[0]).group(1).split(", ")}
     assert {first // 2, first} <= batches, again[0]  # the second round ran at the first answer
+    assert f"largest batch: real steps at {first} (twice) and {first // 2} to check it" in stages, stages
     assert 0 < est.max_batch_size < first * 2
     # The answer really fits: the median of 3 real runs at it (the bench's protocol) stays under the
     # cap. One run alone can stray past it: a CI run measured 260.7 MB at an answer of 201.
