@@ -41,6 +41,10 @@ class MeasureRequest(BaseModel):
     mode: str = Field(default="rss", pattern="^(rss|alloc|trace|cuda)$")
     trace_path: str | None = Field(default=None, description="mode 'trace': where to write the real-tensor trace (.npz).")
     threads: int | None = Field(default=None, gt=0)
+    mmap_threshold: int | None = Field(
+        default=None, gt=0, le=32 * 1024 * 1024,
+        description="glibc's mmap threshold for the run (bytes), fixed through MALLOC_MMAP_THRESHOLD_ before the process "
+        "starts, with the trim threshold at twice it (glibc's own ratio); None: glibc's dynamic default.")
 
 
 class MeasureResult(BaseModel):
@@ -154,8 +158,12 @@ def _run(req: MeasureRequest) -> MeasureResult:
 def measure(req: MeasureRequest, timeout_s: float = 600.0) -> MeasureResult:
     """Run `req` in a fresh Python process and return its measurement."""
     cmd = [sys.executable, "-m", "advisor.measure", req.model_dump_json()]
+    env = None
+    if req.mmap_threshold is not None:  # glibc reads these once, when malloc first runs in the new process
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(req.mmap_threshold),
+               "MALLOC_TRIM_THRESHOLD_": str(2 * req.mmap_threshold)}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired as exc:
         raise TrialError(f"measurement of {req.workload} at batch {req.batch_size} timed out after {timeout_s:.0f} s") from exc
     if proc.returncode != 0:

@@ -52,6 +52,9 @@ class PeakPoint(BaseModel):
     peak_bytes: int = Field(ge=0, description="The measured peak (bytes).")
     predicted_bytes: int | None = Field(default=None, ge=0, description="The estimator's prediction at this point, "
                                         "when it was measured (bytes); kept for the record, not used by the fit.")
+    mmap_threshold: int | None = Field(
+        default=None, gt=0, description="cpu_rss: the glibc mmap threshold the run fixed (bytes; a calibration run "
+        "standing in for a larger batch, advisor.estimate.calibrate.run_mmap_threshold); None: glibc's default.")
 
     @property
     def key(self) -> str:
@@ -59,7 +62,8 @@ class PeakPoint(BaseModel):
 
     @property
     def knobs(self) -> dict[str, object]:
-        return self.model_dump(exclude={"fingerprint", "device", "batch_size", "peak_bytes", "predicted_bytes"})
+        return self.model_dump(exclude={"fingerprint", "device", "batch_size", "peak_bytes", "predicted_bytes",
+                                        "mmap_threshold"})
 
 
 def point_key(fingerprint: str, device: str, knobs: dict[str, object]) -> str:
@@ -170,16 +174,17 @@ def record_measured_peak(workload: Workload, hardware: HardwareSpec, request: Es
                          store: MeasuredPeaks | None = None) -> PeakPoint:
     """Keep one measured peak of a trial (called by the trial runner after a measured trial)."""
     return record_points(workload_fingerprint(workload), hardware, request, compile_mode, quantity,
-                         [(request.batch_size, peak_bytes, predicted_bytes)], store)[0]
+                         [(request.batch_size, peak_bytes, predicted_bytes, None)], store)[0]
 
 
 def record_points(fingerprint: str, hardware: HardwareSpec, request: EstimateRequest, compile_mode: str, quantity: str,
-                  runs: list[tuple[int, int, int | None]], store: MeasuredPeaks | None = None) -> list[PeakPoint]:
-    """Keep measured peaks of one configuration: (batch size, peak bytes, predicted bytes or None) each."""
+                  runs: list[tuple[int, int, int | None, int | None]], store: MeasuredPeaks | None = None) -> list[PeakPoint]:
+    """Keep measured peaks of one configuration: (batch size, peak bytes, predicted bytes or None, the glibc
+    mmap threshold the run fixed or None) each."""
     knobs = request_knobs(request, hardware.world_size, compile_mode, quantity)
     try:
         points = [PeakPoint(fingerprint=fingerprint, device=device_key(hardware), batch_size=b, peak_bytes=peak,
-                            predicted_bytes=predicted, **knobs) for b, peak, predicted in runs]
+                            predicted_bytes=predicted, mmap_threshold=t, **knobs) for b, peak, predicted, t in runs]
     except ValidationError as exc:
         err = exc.errors()[0]
         raise SpecError(f"not a valid measured peak: {'.'.join(map(str, err['loc']))}: {err['msg']}") from exc

@@ -24,15 +24,16 @@ from advisor.estimate.estimator import _batch_model, _make_request
 from advisor.estimate.calibrate import RUN_NOISE, SLOPE_PRIOR_SD, calibrate_cpu
 from advisor.estimate.overhead import CPU_DEFAULT
 from advisor.estimate.evaluator import Evaluator
-from advisor.estimate.strategy import scaled_curve, split_over_step, touched_peak
+from advisor.estimate.strategy import mmap_from, scaled_curve, split_over_step, touched_peak
 from advisor.hardware import get_hardware
 from advisor.workload import load_workload
 
 
-def regress(req, bm, b, s, ratio):
-    """B's regressor at batch b for slope s: the step's peak of persistent + s x heap + mapped (bytes)."""
+def regress(req, bm, b, s, ratio, threshold=None):
+    """B's regressor at batch b for slope s: the step's peak of persistent + s x heap + mapped (bytes),
+    in a run with this glibc mmap threshold (None: the default)."""
     tr = bm.at(b)
-    P, H, M = split_over_step(scaled_curve(req, tr, 1), tr.untouched)
+    P, H, M = split_over_step(scaled_curve(req, tr, 1), tr.untouched, mmap_from(threshold))
     M = np.maximum(M, 0)
     return float((P + s * (H + ratio * (H + M)) + M).max())
 
@@ -40,10 +41,10 @@ def regress(req, bm, b, s, ratio):
 def fitB(req, bm, runs, ratio):
     """(slope, intercept) of B over the runs: calibrate._fit's objective, by a grid over the slope."""
     best = None
-    res = np.array([r for _, r in runs], float)
+    res = np.array([r for _, r, _ in runs], float)
     noise_var = (RUN_NOISE * float(np.median(res))) ** 2
     for s in np.arange(0.0, 2.51, 0.01):
-        R = np.array([regress(req, bm, b, s, ratio) for b, _ in runs])
+        R = np.array([regress(req, bm, b, s, ratio, t) for b, _, t in runs])
         i = float(np.mean(res - R))
         sse = float(((res - R - i) ** 2).sum())
         obj = sse / noise_var + ((s - CPU_DEFAULT.slope) / SLOPE_PRIOR_SD) ** 2

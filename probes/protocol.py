@@ -96,7 +96,7 @@ def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, 
                       timeout_s=left)
         peak = int(run.rss_delta_bytes)
         predicted = result.predicted_memory_bytes
-        record_points(fingerprint, one, request, "none", "cpu_rss", [(b, peak, predicted)], store)
+        record_points(fingerprint, one, request, "none", "cpu_rss", [(b, peak, predicted, None)], store)
     except AdvisorError as exc:  # the trial stands; later estimates go without this refinement
         log.warning("fresh-process peak not recorded: %s", exc)
         return _with_note(result, f"no fresh-process peak kept: {exc}")

@@ -7,7 +7,10 @@ Two kinds of fresh-process runs (advisor.measure), at batch sizes at most half t
 - `alloc`: the exact live-bytes peak from the profiler's allocator events, which also sees buffers
   kernels allocate inside themselves; the excess over the trace scales with the transient bytes.
 - `rss`: DESIGN.md's resident-set protocol. The peak resident set beyond the persistent tensors
-  is fitted as affine in the transient peak of the same batch (see overhead.py for why).
+  is fitted as affine in the transient peak of the same batch (see overhead.py for why). A run at
+  a share of the batch runs with glibc's mmap threshold at that share of its 32 MiB maximum
+  (`run_mmap_threshold`), so the tensors glibc will map on their own at the batch are mapped in the
+  run too, and the ones it will serve from its heap are heap-served there.
 The same real traces stand in for the fake one for a model that cannot be traced at all.
 """
 
@@ -24,9 +27,14 @@ import numpy as np
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CPU_DEFAULT, CpuCalibration
-from advisor.estimate.strategy import heap_and_mapped, persistent_transient, scaled_curve
+from advisor.estimate.strategy import (MMAP_FROM_BYTES, MMAP_THRESHOLD_MAX, heap_and_mapped, mmap_from,
+                                       persistent_transient, scaled_curve)
 from advisor.estimate.trace import ACTIVATIONS, INPUTS, Trace, load_trace
 from advisor.measure import MeasureRequest, MeasureResult, measure
+
+# One resident-set run, or measured peak: (batch size, resident-set increase in bytes, the glibc mmap
+# threshold it fixed (bytes; `run_mmap_threshold`), or None where glibc's dynamic default ran).
+Run = tuple[int, int, int | None]
 
 # Real and fake traces agree when their peaks and activation peaks differ by less than this.
 AGREEMENT = 0.02
@@ -36,7 +44,7 @@ AGREEMENT = 0.02
 class Calibration(CpuCalibration):
     batches: tuple[int, ...] = ()
     used_real_traces: bool = False
-    rss: tuple[tuple[int, int], ...] = ()  # (batch size, measured resident-set increase in bytes) of each run
+    rss: tuple[Run, ...] = ()
 
     @property
     def margin(self) -> float:
@@ -46,7 +54,7 @@ class Calibration(CpuCalibration):
         and 128 under a cap of 1.5x the larger: the answer's median of 3 runs came out 0.75 MB over."""
         if not self.rss:
             return self.spread
-        return max(self.spread, RUN_NOISE * float(np.median([r for _, r in self.rss])))
+        return max(self.spread, RUN_NOISE * float(np.median([r for _, r, _ in self.rss])))
 
 
 def calibration_batches(batch: int) -> tuple[int, ...]:
@@ -61,10 +69,39 @@ def calibration_batches(batch: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _request(spec: str, args: dict[str, Any], req: EstimateRequest, b: int, mode: str, path: str | None = None):
+# glibc's initial mmap threshold (DEFAULT_MMAP_THRESHOLD_MIN): no run fixes one lower.
+MMAP_THRESHOLD_MIN = 128 * 1024
+
+
+def run_mmap_threshold(b: int, target: int) -> int | None:
+    """glibc's mmap threshold for a resident-set run at batch b that stands in for batch `target`
+    (bytes), or None (glibc's dynamic default) where b is the target or more. glibc maps a request
+    of 32 MiB and up on its own and unmaps it when freed, but serves smaller ones from its heap once
+    its dynamic threshold has risen past them, and a freed heap chunk stays resident. A tensor that
+    grows with the batch is b/target of its size at the target in the run, so the run's threshold is
+    b/target of 32 MiB: what the target maps, the run maps. With glibc's default in the runs, an
+    mlp at b4096 (32 MiB activations, mapped) was calibrated at 512-2048 (4-16 MiB, heap-served,
+    2.2 resident bytes per transient byte) and came out +20 to +35%; with the threshold scaled,
+    +6 to +7% (BENCHMARKS.md, calibration section)."""
+    if b >= target:
+        return None
+    return max(MMAP_THRESHOLD_MIN, MMAP_THRESHOLD_MAX * b // target)
+
+
+def _request(spec: str, args: dict[str, Any], req: EstimateRequest, b: int, mode: str, path: str | None = None,
+             mmap_threshold: int | None = None):
     return MeasureRequest(workload=spec, workload_args=args, batch_size=b, precision=req.precision,
                           optimizer=req.optimizer, checkpointing=req.checkpointing,
-                          fused_backward=req.fused_backward, mode=mode, trace_path=path)
+                          fused_backward=req.fused_backward, mode=mode, trace_path=path, mmap_threshold=mmap_threshold)
+
+
+def _rss_jobs(spec: str, args: dict[str, Any], req: EstimateRequest, runs, target: int) -> dict[Any, MeasureRequest]:
+    """Resident-set runs standing in for batch `target`, keyed by `runs`' keys (their second item: the batch size)."""
+    return {r: _request(spec, args, req, r[1], "rss", mmap_threshold=run_mmap_threshold(r[1], target)) for r in runs}
+
+
+def _rss_point(r: MeasureResult) -> Run:
+    return r.request.batch_size, int(r.rss_delta_bytes or 0), r.request.mmap_threshold
 
 
 def _run_parallel(jobs: dict[Any, MeasureRequest]) -> dict[Any, MeasureResult]:
@@ -142,7 +179,7 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
     """Fit the CPU runtime overhead; returns it and the batch model to use (fake, or real traces)."""
     rss_batches = calibration_batches(req.batch_size)
     trace_batches = _trace_batches(req.batch_size)
-    jobs = {("rss", b): _request(spec, args, req, b, "rss") for b in rss_batches}
+    jobs = _rss_jobs(spec, args, req, [("rss", b) for b in rss_batches], req.batch_size)
     jobs[("alloc", trace_batches[1])] = _request(spec, args, req, trace_batches[1], "alloc")
     real_bm, res = real_batch_model(spec, args, req, trace_batches, jobs)
     hi = trace_batches[1]
@@ -153,55 +190,63 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
     _, transient_hi = persistent_transient(scaled_curve(req, chosen.at(hi), 1))
     hidden = max(0, (res[("alloc", hi)].alloc_peak_bytes or 0) - chosen.at(hi).peak_bytes)
     ratio = hidden / transient_hi if transient_hi else 0.0
-    rss = tuple((b, int(res[("rss", b)].rss_delta_bytes)) for b in rss_batches)
+    rss = tuple(_rss_point(res[("rss", b)]) for b in rss_batches)
     intercept, slope, spread = _fit_resident(req, chosen, ratio, rss)
     return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=ratio, batches=rss_batches,
                        used_real_traces=use_real, rss=rss), chosen
 
 
-def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple[tuple[int, int], ...]):
-    """(intercept, slope, spread) of resident - persistent = intercept + slope x transient over the runs."""
-    traces = [bm.at(b) for b, _ in rss]
-    split = [heap_and_mapped(scaled_curve(req, tr, 1), tr.synthetic, tr.untouched) for tr in traces]
+def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple[Run, ...]):
+    """(intercept, slope, spread) of resident - persistent = intercept + slope x transient over the runs,
+    each run's allocations split into heap-served and mapped at the size its glibc mapped from."""
+    split = [_split(req, bm, b, mmap_from(t)) for b, _, t in rss]
     # kernels' hidden buffers join the heap-served part; mapped allocations count once, while live
     heap = [int(h + ratio * (h + m)) for _, h, m in split]
-    return _fit(heap, [r - p - m for (_, r), (p, _, m) in zip(rss, split)], [r for _, r in rss])
+    return _fit(heap, [r - p - m for (_, r, _), (p, _, m) in zip(rss, split)], [r for _, r, _ in rss])
+
+
+def _split(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int]:
+    tr = bm.at(b)
+    return heap_and_mapped(scaled_curve(req, tr, 1), tr.synthetic, tr.untouched, mapped_from)
 
 
 # The share of a target's transient peak in mapped allocations from which a crossing is worth a warning.
 MAPPED_REGIME_SHARE = 0.25
 
 
-def mapped_share(req: EstimateRequest, bm: BatchModel, b: int) -> float:
-    """The share of batch b's transient peak held by allocations glibc maps on their own (0-1)."""
-    tr = bm.at(b)
-    _, heap, mapped = heap_and_mapped(scaled_curve(req, tr, 1), tr.synthetic, tr.untouched)
+def mapped_share(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int = MMAP_FROM_BYTES) -> float:
+    """The share of batch b's transient peak held by allocations glibc maps on their own (0-1), for
+    a glibc that maps requests from `mapped_from` bytes up."""
+    _, heap, mapped = _split(req, bm, b, mapped_from)
     return mapped / (heap + mapped) if heap + mapped > 0 else 0.0
 
 
-def mapped_regime_note(req: EstimateRequest, bm: BatchModel, batches: tuple[int, ...], b: int) -> str | None:
-    """A warning when batch b lies across glibc's mmap threshold from every calibration run: at least
-    MAPPED_REGIME_SHARE of its transient peak is mapped, and no run had half its share. A freed mapped
-    allocation leaves the resident set and a freed heap chunk stays, so the runs' resident bytes per
-    transient byte do not carry over, and nothing the runs show says by how much: on this project's VM
-    the error there was +35% (mlp b4096, whose 32 MiB activations leave a heap that fragmented 2.2x at
-    the runs' batch sizes) and -10% (a transformer encoder at b16, whose attention maps crossed at 32 MiB)."""
+def mapped_regime_note(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> str | None:
+    """A warning when batch b lies across glibc's mmap threshold from every resident-set run (`Calibration.rss`):
+    at least MAPPED_REGIME_SHARE of its transient peak is mapped, and no run had half its share under its
+    own threshold. A freed mapped allocation leaves the resident set and a freed heap chunk stays, so
+    the runs' resident bytes per transient byte do not carry over, and nothing the runs show says by
+    how much: on this project's VM the error there was +35% (mlp b4096, whose 32 MiB activations leave
+    a heap that fragmented 2.2x at the runs' batch sizes) and -10% (a transformer encoder at b16, whose
+    attention maps crossed at 32 MiB). Calibration runs scale the threshold (`run_mmap_threshold`)
+    and do not cross; measured peaks at smaller batches, run as a user runs them, can."""
     share = mapped_share(req, bm, b)
-    if share < MAPPED_REGIME_SHARE or not batches:
+    if share < MAPPED_REGIME_SHARE or not runs:
         return None
-    ran = max(mapped_share(req, bm, x) for x in batches)
+    ran = max(mapped_share(req, bm, x, mmap_from(t)) for x, _, t in runs)
     if ran >= share / 2:
         return None
     return (f"less certain: at batch {b}, {share:.0%} of the transient peak is allocations of 32 MiB and up, which "
-            f"glibc maps on their own and unmaps when freed, against at most {ran:.0%} in the calibration runs "
-            f"(batch sizes {', '.join(map(str, batches))}); the resident set is extrapolated across glibc's mmap "
-            "threshold, where errors of -10% to +35% were measured on this project's VM (BENCHMARKS.md)")
+            f"glibc maps on their own and unmaps when freed, against at most {ran:.0%} in the runs fitted "
+            f"(batch sizes {', '.join(map(str, sorted({x for x, _, _ in runs})))}); the resident set is extrapolated "
+            "across glibc's mmap threshold, where errors of -10% to +35% were measured on this project's VM "
+            "(BENCHMARKS.md)")
 
 
 def with_measured_peaks(req: EstimateRequest, bm: BatchModel, first: Calibration | None,
-                        points: tuple[tuple[int, int], ...]) -> Calibration:
+                        points: tuple[Run, ...]) -> Calibration:
     """The resident-set fit again with measured peaks (batch size, resident-set increase in bytes,
-    DESIGN.md's CPU protocol) as more runs beside `first`'s, each weighing like one of them: a trial's
+    DESIGN.md's CPU protocol; the glibc mmap threshold the run fixed, None for a trial) as more runs beside `first`'s, each weighing like one of them: a trial's
     resident set is one run, as noisy as any (identical runs here differ by up to ~10%). Without a
     first calibration the points are the only runs: one fixes the intercept under the default's slope,
     more draw the slope toward it as their span allows (`_fit`). No run is made here."""
@@ -209,7 +254,7 @@ def with_measured_peaks(req: EstimateRequest, bm: BatchModel, first: Calibration
     rss = (first.rss if first is not None else ()) + tuple(points)
     intercept, slope, spread = _fit_resident(req, bm, ratio, rss)
     return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=ratio,
-                       batches=tuple(sorted({b for b, _ in rss})),
+                       batches=tuple(sorted({b for b, _, _ in rss})),
                        used_real_traces=first.used_real_traces if first is not None else False, rss=rss)
 
 
@@ -221,13 +266,15 @@ def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: 
     ones, whose resident set follows other rules (glibc serves tensors under 32 MiB from its heap,
     which keeps freed memory; larger ones are mapped and unmapped on their own). The batch model
     (traces) stays: tensor sizes extrapolate exactly; the resident set is what does not. `batch`
-    runs twice: how far two identical runs differ there is part of the fit's spread, which the
-    largest batch keeps clear of the cap. None when the first round already ran at `batch`."""
+    runs twice, with glibc's default allocator (they are measured peaks as a user would see them),
+    and half of it with the mmap threshold halved (`run_mmap_threshold`): how far two identical runs
+    differ there is part of the fit's spread, which the largest batch keeps clear of the cap. None
+    when the first round already ran at `batch`."""
     if batch in first.batches:
         return None
-    runs = [(b, i) for b in sorted({max(1, batch // 2), batch} - set(first.batches)) for i in range(1 + (b == batch))]
-    res = _run_parallel({r: _request(spec, args, req, r[0], "rss") for r in runs})
-    rss = tuple(p for p in first.rss if p[0] >= batch // 8) + tuple((b, int(res[b, i].rss_delta_bytes)) for b, i in runs)
+    runs = [("rss", b, i) for b in sorted({max(1, batch // 2), batch} - set(first.batches)) for i in range(1 + (b == batch))]
+    res = _run_parallel(_rss_jobs(spec, args, req, runs, batch))
+    rss = tuple(p for p in first.rss if p[0] >= batch // 8) + tuple(_rss_point(res[r]) for r in runs)
     intercept, slope, spread = _fit_resident(req, bm, first.hidden_ratio, rss)
     return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=first.hidden_ratio,
-                       batches=tuple(sorted({b for b, _ in rss})), used_real_traces=first.used_real_traces, rss=rss)
+                       batches=tuple(sorted({b for b, _, _ in rss})), used_real_traces=first.used_real_traces, rss=rss)

@@ -253,7 +253,12 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
     notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}{reused}: "
                  f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps "
                  f"{calib.margin / 2**20:.0f} MiB clear)")
-    regime = mapped_regime_note(req, bm, calib.batches, req.batch_size)
+    fixed = sorted({(b, t) for b, _, t in calib.rss if t is not None})
+    if fixed:
+        notes.append(f"the runs at batch sizes {', '.join(str(b) for b, _ in fixed)} fixed glibc's mmap threshold at "
+                     f"{', '.join(f'{t / 2**20:g}' for _, t in fixed)} MiB, their share of its 32 MiB maximum: what glibc "
+                     "maps on its own at the batch asked about (and unmaps when freed), they map too")
+    regime = mapped_regime_note(req, bm, calib.rss, req.batch_size)
     if regime:
         notes.append(regime)
     if calib.used_real_traces:
@@ -273,20 +278,21 @@ def _keep(disk_key: str, calib: CpuCalibration, bm: BatchModel) -> None:
 
 
 def _run_recorder(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest,
-                  measured: bool | MeasuredPeaks) -> Callable[[tuple[tuple[int, int], ...]], None] | None:
+                  measured: bool | MeasuredPeaks) -> Callable[[tuple[tuple[int, int, int | None], ...]], None] | None:
     """Where a calibration's runs go as measured peaks: each is DESIGN.md's CPU protocol in a fresh
     process, so an estimate without runs of its own (the tuner's pruning, a trial's prediction) is
     refined by them later. Only where the runs ran the request as asked (one process, the CPU's
-    default optimizer implementation, nothing offloaded) and measured peaks are in use at all."""
+    default optimizer implementation, nothing offloaded) and measured peaks are in use at all. A run
+    that fixed glibc's mmap threshold is kept with it: later fits split its allocations at it."""
     if measured is False or hw.world_size != 1 or req.strategy != Strategy.single or req.optimizer_impl is not None \
             or req.offload_optimizer or req.offload_params:
         return None
     from advisor.errors import AdvisorError
     from advisor.peaks import default_peaks, record_points
 
-    def record(runs: tuple[tuple[int, int], ...]) -> None:
+    def record(runs: tuple[tuple[int, int, int | None], ...]) -> None:
         try:
-            record_points(fingerprint(), hw, req, "none", "cpu_rss", [(b, peak, None) for b, peak in runs],
+            record_points(fingerprint(), hw, req, "none", "cpu_rss", [(b, peak, None, t) for b, peak, t in runs],
                           default_peaks() if measured is True else measured)
         except AdvisorError as exc:  # a run that cannot be kept costs later estimates a refinement, nothing more
             log.warning("calibration runs not kept as measured peaks: %s", exc)
@@ -301,9 +307,9 @@ def _decoder_params(wl: Workload) -> int:
 
 
 def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest, compile_mode: str,
-                     predicts: str, measured: bool | MeasuredPeaks) -> list[tuple[int, int]]:
-    """The store I/O at the estimator's edge: (batch size, peak bytes) of this configuration's measured
-    peaks. A CPU's measured resident sets describe only the host they ran on, so a CPU target uses
+                     predicts: str, measured: bool | MeasuredPeaks) -> list[tuple[int, int, int | None]]:
+    """The store I/O at the estimator's edge: (batch size, peak bytes, the glibc mmap threshold the run
+    fixed or None) of this configuration's measured peaks. A CPU's measured resident sets describe only the host they ran on, so a CPU target uses
     them only when it is this machine; a GPU's carry over to devices of the same catalog model."""
     from advisor.peaks import default_peaks, request_key
 
@@ -313,10 +319,10 @@ def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: Esti
     if not store.may_hold_points():
         return []
     key = request_key(fingerprint(), hw, req, compile_mode, predicts)
-    return [(p.batch_size, p.peak_bytes) for p in store.points(key)]
+    return [(p.batch_size, p.peak_bytes, p.mmap_threshold) for p in store.points(key)]
 
 
-def _measured_refinement(ev: Evaluator, points: list[tuple[int, int]], notes: list[str]) -> Evaluator:
+def _measured_refinement(ev: Evaluator, points: list[tuple[int, int, int | None]], notes: list[str]) -> Evaluator:
     """Measured peaks refine the evaluator (refine.py says how, per device type)."""
     if ev.hw.device_type == "cpu":
         from advisor.estimate.calibrate import with_measured_peaks
@@ -324,6 +330,6 @@ def _measured_refinement(ev: Evaluator, points: list[tuple[int, int]], notes: li
         calib = with_measured_peaks(ev.req, ev.bm, ev.calib, tuple(points))
         notes.append(resident_note(points, calib, calibrated=ev.calib is not None))
         return Evaluator(ev.hw, ev.req, ev.bm, calib)
-    ev.refined = refine(points, ev.predicted_total)
+    ev.refined = refine([(b, peak) for b, peak, _ in points], ev.predicted_total)
     notes.append(ev.refined.note())
     return ev

@@ -10,7 +10,7 @@ from advisor.estimate.cuda_alloc import cublas_workspace_bytes
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
 from advisor.estimate.refine import Refinement
-from advisor.estimate.strategy import heap_and_mapped, peak_breakdown, scaled_curve, touched_peak
+from advisor.estimate.strategy import heap_and_mapped, mmap_from, peak_breakdown, scaled_curve, touched_peak
 from advisor.estimate.trace import Trace
 from advisor.hardware.spec import HardwareSpec
 
@@ -43,17 +43,18 @@ class Evaluator:
             parts["temporaries"] += workspace
         return tr, allocated, parts, ov
 
-    def _cpu_terms(self, curve, tr: Trace) -> tuple[int, int, int, int]:
+    def _cpu_terms(self, curve, tr: Trace, mmap_threshold: int | None = None) -> tuple[int, int, int, int]:
         """(persistent peak, heap-served transient peak, mapped transient peak, kernels' hidden buffers)
-        of a CPU curve (bytes): what the resident-set model takes."""
-        persistent, heap, mapped = heap_and_mapped(curve, tr.synthetic, tr.untouched)
+        of a CPU curve (bytes): what the resident-set model takes, under glibc's default allocator or
+        one whose mmap threshold a run fixed."""
+        persistent, heap, mapped = heap_and_mapped(curve, tr.synthetic, tr.untouched, mmap_from(mmap_threshold))
         return persistent, heap, mapped, (self.calib.hidden(heap + mapped) if self.calib else 0)
 
-    def transient(self, b: int) -> int:
+    def transient(self, b: int, mmap_threshold: int | None = None) -> int:
         """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones plus
-        kernels' hidden buffers, as in `at`)."""
+        kernels' hidden buffers, as in `at`), in a run with this glibc mmap threshold (None: glibc's default)."""
         tr = self.bm.at(b)
-        _, heap, _, hidden = self._cpu_terms(scaled_curve(self.req, tr, self.hw.world_size), tr)
+        _, heap, _, hidden = self._cpu_terms(scaled_curve(self.req, tr, self.hw.world_size), tr, mmap_threshold)
         return heap + hidden
 
     def predicted_total(self, b: int) -> int:

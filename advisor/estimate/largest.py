@@ -98,9 +98,9 @@ def max_batch_traced(ev: Evaluator, trace_at: Callable[..., Trace], first: int, 
     return answer
 
 
-def largest_batches(ev: Evaluator, calibrated: bool, points: list[tuple[int, int]], workload: Workload | str,
+def largest_batches(ev: Evaluator, calibrated: bool, points: list[tuple[int, int, int | None]], workload: Workload | str,
                     workload_args: dict[str, Any] | None, usable: int, notes: list[str],
-                    record: Callable[[tuple[tuple[int, int], ...]], None] | None = None,
+                    record: Callable[[tuple[tuple[int, int, int | None], ...]], None] | None = None,
                     trace_at: Callable[..., Trace] | None = None) -> dict[str, int]:
     """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
     it when calibrated (the new runs go to `record`); with measured peaks and no calibration runs, also
@@ -114,7 +114,7 @@ def largest_batches(ev: Evaluator, calibrated: bool, points: list[tuple[int, int
         again = _max_batch_near(ev, workload, workload_args, by_strategy[own], usable, notes, record)
         by_strategy[own] = by_strategy[own] if again is None else again
     elif points and ev.hw.device_type == "cpu" and ev.calib is not None:
-        steep = cautious(ev.calib, [ev.transient(b) for b, _ in points], [p for _, p in points])
+        steep = cautious(ev.calib, [ev.transient(b, t) for b, _, t in points], [p for _, p, _ in points])
         answer = Evaluator(ev.hw, ev.req, ev.bm, steep).max_batch(usable)
         if answer < by_strategy[own]:
             notes.append(f"largest batch {by_strategy[own]} -> {answer}: solved again with the resident-set slope "

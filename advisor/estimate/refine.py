@@ -89,9 +89,9 @@ def refine(points: list[tuple[int, int]], predicted: Callable[[int], int]) -> Re
     return Refinement(points=len(points), batches=batches, shift=residual, refused_slope=refused)
 
 
-def resident_note(points: list[tuple[int, int]], calib: CpuCalibration, calibrated: bool) -> str:
+def resident_note(points: list[tuple[int, int, int | None]], calib: CpuCalibration, calibrated: bool) -> str:
     """What measured resident sets did to a CPU estimate, in one line."""
-    batches = ", ".join(map(str, sorted({b for b, _ in points})))
+    batches = ", ".join(map(str, sorted({b for b, *_ in points})))
     how = "joined the calibration runs in the resident-set fit" if calibrated else "fitted under the default slope's prior"
     return (f"refined by {len(points)} measured peak(s) at batch size(s) {batches}, {how}: {calib.formula()} "
             f"(runs within {calib.spread / 2**20:.0f} MiB of it)")

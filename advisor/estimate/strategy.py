@@ -88,33 +88,41 @@ def persistent_transient(curve: np.ndarray) -> tuple[int, int]:
 # on 64-bit) and unmaps it on free; smaller ones come from the heap once the dynamic threshold has
 # risen past them (it rises to each freed mapped chunk up to that maximum), and a freed heap chunk
 # stays resident. The chunk adds a header and rounds to the page: requests from here up are mapped.
-MMAP_FROM_BYTES = 32 * 1024 * 1024 - 4096
+MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
+MMAP_FROM_BYTES = MMAP_THRESHOLD_MAX - 4096
 
 
-def heap_and_mapped(curve: np.ndarray, synthetic: bool = False,
-                    untouched: np.ndarray | None = None) -> tuple[int, int, int]:
+def mmap_from(threshold: int | None) -> int:
+    """The request size from which a process whose glibc mmap threshold is fixed at `threshold` bytes
+    (MALLOC_MMAP_THRESHOLD_) maps it (bytes); None: glibc's dynamic default (MMAP_FROM_BYTES)."""
+    return MMAP_FROM_BYTES if threshold is None else max(0, threshold - 4096)
+
+
+def heap_and_mapped(curve: np.ndarray, synthetic: bool = False, untouched: np.ndarray | None = None,
+                    mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int]:
     """(persistent peak, transient peak of heap-served allocations, transient peak of mapped ones)
     (bytes). Freed heap memory stays resident and mapped memory does not, so the two transient
     parts weigh differently in the resident set. A synthetic curve (peak moments, not events)
-    counts everything as heap-served. `untouched`: as in `split_over_step`."""
+    counts everything as heap-served. `untouched`, `mapped_from`: as in `split_over_step`."""
     if len(curve) == 0:
         return 0, 0, 0
-    persistent, heap, mapped = split_over_step(curve, None if synthetic else untouched)
+    persistent, heap, mapped = split_over_step(curve, None if synthetic else untouched, mapped_from)
     if synthetic:
         return int(persistent.max()), int((heap + mapped).max()), 0
     return int(persistent.max()), int(heap.max()), int(max(0, mapped.max()))
 
 
-def split_over_step(curve: np.ndarray, untouched: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_over_step(curve: np.ndarray, untouched: np.ndarray | None = None,
+                    mapped_from: int = MMAP_FROM_BYTES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per event: (persistent live bytes, heap-served transient live bytes, mapped transient live
-    bytes). Each event's allocation is the curve's step there; one of MMAP_FROM_BYTES or more is
-    mapped. `untouched` (the trace's, per event): bytes a kernel never writes, which a mapping of
+    bytes). Each event's allocation is the curve's step there; one of `mapped_from` bytes or more
+    (glibc's default: MMAP_FROM_BYTES) is mapped. `untouched` (the trace's, per event): bytes a kernel never writes, which a mapping of
     their own keeps out of the resident set (taken off the mapped part)."""
     mask = np.zeros(curve.shape[1], dtype=bool)
     mask[list(PERSISTENT)] = True
     transient = curve[:, ~mask].sum(axis=1)
     step = np.diff(transient, prepend=0)
-    own_mapping = np.abs(step) >= MMAP_FROM_BYTES
+    own_mapping = np.abs(step) >= mapped_from
     mapped = np.cumsum(np.where(own_mapping, step, 0))
     heap = transient - mapped
     if untouched is not None:

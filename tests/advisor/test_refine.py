@@ -146,10 +146,10 @@ def test_a_cpu_measured_peak_weighs_like_one_calibration_run() -> None:
     bm = _batch_model(load_workload("tiny-gpt2"), req, cpu=True)
     parts = _resident_parts("tiny-gpt2", (8, 16, 32))
     line = CpuCalibration(intercept=90 * MiB, slope=CPU_DEFAULT.slope)
-    runs = tuple((b, line.resident(*parts[b])) for b in (8, 16, 32))
+    runs = tuple((b, line.resident(*parts[b]), None) for b in (8, 16, 32))
     first = Calibration(intercept=90 * MiB, slope=CPU_DEFAULT.slope, rss=runs, batches=(8, 16, 32))
-    refit = with_measured_peaks(req, bm, first, ((16, runs[1][1] + 60 * MB),))
-    assert refit.rss == runs + ((16, runs[1][1] + 60 * MB),) and refit.batches == (8, 16, 32)
+    refit = with_measured_peaks(req, bm, first, ((16, runs[1][1] + 60 * MB, None),))
+    assert refit.rss == runs + ((16, runs[1][1] + 60 * MB, None),) and refit.batches == (8, 16, 32)
     moved = refit.resident(*parts[16]) - line.resident(*parts[16])
     assert 10 * MB < moved < 20 * MB, moved
     assert refit.spread == pytest.approx(60 * MB - moved, rel=0.05)  # the largest batch keeps the stray clear
