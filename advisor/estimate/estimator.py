@@ -309,8 +309,9 @@ def _decoder_params(wl: Workload) -> int:
 def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest, compile_mode: str,
                      predicts: str, measured: bool | MeasuredPeaks) -> list[tuple[int, int, int | None]]:
     """The store I/O at the estimator's edge: (batch size, peak bytes, the glibc mmap threshold the run
-    fixed or None) of this configuration's measured peaks. A CPU's measured resident sets describe only the host they ran on, so a CPU target uses
-    them only when it is this machine; a GPU's carry over to devices of the same catalog model."""
+    fixed or None) of this configuration's measured peaks. A CPU's measured resident sets describe
+    only the host they ran on, so a CPU target uses them only when it is this machine; a GPU's carry
+    over to devices of the same catalog model."""
     from advisor.peaks import default_peaks, request_key
 
     if hw.device_type == "cpu" and not hw.is_local:
