@@ -7,10 +7,11 @@ Two kinds of fresh-process runs (advisor.measure), at batch sizes at most half t
 - `alloc`: the exact live-bytes peak from the profiler's allocator events, which also sees buffers
   kernels allocate inside themselves; the excess over the trace scales with the transient bytes.
 - `rss`: DESIGN.md's resident-set protocol. The peak resident set beyond the persistent tensors
-  is fitted as affine in the transient peak of the same batch (see overhead.py for why). A run at
-  a share of the batch runs with glibc's mmap threshold at that share of its 32 MiB maximum
-  (`run_mmap_threshold`), so the tensors glibc will map on their own at the batch are mapped in the
-  run too, and the ones it will serve from its heap are heap-served there.
+  is fitted as affine in the transient peak of the same batch (see overhead.py for why). Where the
+  batch lies across glibc's mmap threshold from the runs (`crosses`), a run at a share of the batch
+  runs with the threshold at that share of its 32 MiB maximum (`run_mmap_threshold`), so the
+  tensors glibc will map on their own at the batch are mapped in the run too, and the ones it will
+  serve from its heap are heap-served there.
 The same real traces stand in for the fake one for a model that cannot be traced at all.
 """
 
@@ -88,6 +89,15 @@ def run_mmap_threshold(b: int, target: int) -> int | None:
     return max(MMAP_THRESHOLD_MIN, MMAP_THRESHOLD_MAX * b // target)
 
 
+def threshold_target(req: EstimateRequest, bm: BatchModel, batches, target: int) -> int | None:
+    """`target` where runs at `batches` under glibc's default would lie across its mmap threshold
+    from it (`crosses`), so their thresholds scale to it; else None: they run as a user runs them. A
+    lowered threshold also maps what does not grow with the batch: dlrm's 24 MiB embedding tables'
+    optimizer temporaries, heap-served at its b2048, were mapped in runs at 256-1024 whose threshold
+    was 4-16 MiB, and the estimate went from -1.9% to -7.6% (BENCHMARKS.md, session 13)."""
+    return target if crosses(req, bm, tuple((b, 0, None) for b in batches), target) else None
+
+
 def _request(spec: str, args: dict[str, Any], req: EstimateRequest, b: int, mode: str, path: str | None = None,
              mmap_threshold: int | None = None):
     return MeasureRequest(workload=spec, workload_args=args, batch_size=b, precision=req.precision,
@@ -95,9 +105,11 @@ def _request(spec: str, args: dict[str, Any], req: EstimateRequest, b: int, mode
                           fused_backward=req.fused_backward, mode=mode, trace_path=path, mmap_threshold=mmap_threshold)
 
 
-def _rss_jobs(spec: str, args: dict[str, Any], req: EstimateRequest, runs, target: int) -> dict[Any, MeasureRequest]:
-    """Resident-set runs standing in for batch `target`, keyed by `runs`' keys (their second item: the batch size)."""
-    return {r: _request(spec, args, req, r[1], "rss", mmap_threshold=run_mmap_threshold(r[1], target)) for r in runs}
+def _rss_jobs(spec: str, args: dict[str, Any], req: EstimateRequest, runs, target: int | None) -> dict[Any, MeasureRequest]:
+    """Resident-set runs keyed by `runs`' keys (their second item: the batch size), standing in for batch
+    `target` (`run_mmap_threshold`), or under glibc's default where `target` is None."""
+    return {r: _request(spec, args, req, r[1], "rss",
+                        mmap_threshold=None if target is None else run_mmap_threshold(r[1], target)) for r in runs}
 
 
 def _rss_point(r: MeasureResult) -> Run:
@@ -175,11 +187,16 @@ def _fit(transient: list[int], extra: list[float], resident: list[int]) -> tuple
     return intercept, slope, float(np.abs(y - slope * x - intercept).max())
 
 
-def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel) -> tuple[Calibration, BatchModel]:
-    """Fit the CPU runtime overhead; returns it and the batch model to use (fake, or real traces)."""
+def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel,
+                  scale_threshold: bool | None = None) -> tuple[Calibration, BatchModel]:
+    """Fit the CPU runtime overhead; returns it and the batch model to use (fake, or real traces).
+    `scale_threshold`: whether the resident-set runs fix glibc's mmap threshold at their share of the
+    batch (`run_mmap_threshold`); None: where the batch lies across it from them (`crosses`)."""
     rss_batches = calibration_batches(req.batch_size)
     trace_batches = _trace_batches(req.batch_size)
-    jobs = _rss_jobs(spec, args, req, [("rss", b) for b in rss_batches], req.batch_size)
+    target = threshold_target(req, bm, rss_batches, req.batch_size) if scale_threshold is None \
+        else req.batch_size if scale_threshold else None
+    jobs = _rss_jobs(spec, args, req, [("rss", b) for b in rss_batches], target)
     jobs[("alloc", trace_batches[1])] = _request(spec, args, req, trace_batches[1], "alloc")
     real_bm, res = real_batch_model(spec, args, req, trace_batches, jobs)
     hi = trace_batches[1]
@@ -221,21 +238,31 @@ def mapped_share(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int 
     return mapped / (heap + mapped) if heap + mapped > 0 else 0.0
 
 
+def _shares(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> tuple[float, float]:
+    """(batch b's mapped share under glibc's default, the largest of the runs' under their own thresholds)."""
+    return mapped_share(req, bm, b), max((mapped_share(req, bm, x, mmap_from(t)) for x, _, t in runs), default=0.0)
+
+
+def crosses(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> bool:
+    """Whether batch b lies across glibc's mmap threshold from every resident-set run: at least
+    MAPPED_REGIME_SHARE of its transient peak is mapped, and no run had half its share under its own
+    threshold. A freed mapped allocation leaves the resident set and a freed heap chunk stays, so the
+    runs' resident bytes per transient byte do not carry over."""
+    share, ran = _shares(req, bm, runs, b)
+    return bool(runs) and share >= MAPPED_REGIME_SHARE and ran < share / 2
+
+
 def mapped_regime_note(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> str | None:
-    """A warning when batch b lies across glibc's mmap threshold from every resident-set run (`Calibration.rss`):
-    at least MAPPED_REGIME_SHARE of its transient peak is mapped, and no run had half its share under its
-    own threshold. A freed mapped allocation leaves the resident set and a freed heap chunk stays, so
-    the runs' resident bytes per transient byte do not carry over, and nothing the runs show says by
-    how much: on this project's VM the error there was +35% (mlp b4096, whose 32 MiB activations leave
-    a heap that fragmented 2.2x at the runs' batch sizes) and -10% (a transformer encoder at b16, whose
-    attention maps crossed at 32 MiB). Calibration runs scale the threshold (`run_mmap_threshold`)
-    and do not cross; measured peaks at smaller batches, run as a user runs them, can."""
-    share = mapped_share(req, bm, b)
-    if share < MAPPED_REGIME_SHARE or not runs:
+    """A warning when batch b lies across glibc's mmap threshold from every resident-set run
+    (`Calibration.rss`; `crosses`): nothing the runs show says by how much their resident bytes per
+    transient byte stop carrying over. On this project's VM the error there was +35% (mlp b4096,
+    whose 32 MiB activations leave a heap that fragmented 2.2x at the runs' batch sizes) and -10% (a
+    transformer encoder at b16, whose attention maps crossed at 32 MiB). Calibration runs that would
+    cross scale the threshold (`run_mmap_threshold`) and do not; measured peaks at smaller batches,
+    run as a user runs them, can."""
+    if not crosses(req, bm, runs, b):
         return None
-    ran = max(mapped_share(req, bm, x, mmap_from(t)) for x, _, t in runs)
-    if ran >= share / 2:
-        return None
+    share, ran = _shares(req, bm, runs, b)
     return (f"less certain: at batch {b}, {share:.0%} of the transient peak is allocations of 32 MiB and up, which "
             f"glibc maps on their own and unmaps when freed, against at most {ran:.0%} in the runs fitted "
             f"(batch sizes {', '.join(map(str, sorted({x for x, _, _ in runs})))}); the resident set is extrapolated "
@@ -267,13 +294,14 @@ def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: 
     which keeps freed memory; larger ones are mapped and unmapped on their own). The batch model
     (traces) stays: tensor sizes extrapolate exactly; the resident set is what does not. `batch`
     runs twice, with glibc's default allocator (they are measured peaks as a user would see them),
-    and half of it with the mmap threshold halved (`run_mmap_threshold`): how far two identical runs
-    differ there is part of the fit's spread, which the largest batch keeps clear of the cap. None
-    when the first round already ran at `batch`."""
+    and half of it with the mmap threshold halved where `batch` lies across it from there
+    (`run_mmap_threshold`, `crosses`): how far two identical runs differ there is part of the fit's
+    spread, which the largest batch keeps clear of the cap. None when the first round already ran
+    at `batch`."""
     if batch in first.batches:
         return None
     runs = [("rss", b, i) for b in sorted({max(1, batch // 2), batch} - set(first.batches)) for i in range(1 + (b == batch))]
-    res = _run_parallel(_rss_jobs(spec, args, req, runs, batch))
+    res = _run_parallel(_rss_jobs(spec, args, req, runs, threshold_target(req, bm, (max(1, batch // 2),), batch)))
     rss = tuple(p for p in first.rss if p[0] >= batch // 8) + tuple(_rss_point(res[r]) for r in runs)
     intercept, slope, spread = _fit_resident(req, bm, first.hidden_ratio, rss)
     return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=first.hidden_ratio,

@@ -162,6 +162,8 @@ def test_a_calibration_is_kept_for_later_processes_and_its_runs_refine_uncalibra
     points = [json.loads(line) for line in (tmp_path / "calibration" / "peaks.jsonl").read_text().splitlines()]
     assert sorted(p["batch_size"] for p in points) == sorted(map(int, runs))  # each run once, not again by the reuse
     assert {p["quantity"] for p in points} == {"cpu_rss"} and all(p["device"].startswith("cpu") for p in points)
+    # tiny-mlp maps nothing at 24 (its tensors are KiBs): its runs ran under glibc's default threshold
+    assert all(p["mmap_threshold"] is None for p in points), points
     bare = estimate("--no-calibrate")
     assert not bare["calibrated"] and bare["refined_by"] == len(runs)
     assert any(f"refined by {len(runs)} measured peak(s)" in n for n in bare["notes"]), bare["notes"]
@@ -169,7 +171,7 @@ def test_a_calibration_is_kept_for_later_processes_and_its_runs_refine_uncalibra
 
 def test_an_estimate_across_glibcs_mmap_threshold_from_its_runs_says_it_is_less_certain():
     from advisor.config import OptimizerKind, Precision
-    from advisor.estimate.calibrate import mapped_regime_note, mapped_share, run_mmap_threshold
+    from advisor.estimate.calibrate import threshold_target, crosses, mapped_regime_note, mapped_share, run_mmap_threshold
     from advisor.estimate.estimator import _batch_model
     from advisor.estimate.model import EstimateRequest
     from advisor.workload import load_workload
@@ -192,6 +194,12 @@ def test_an_estimate_across_glibcs_mmap_threshold_from_its_runs_says_it_is_less_
     # on the runs' side of the threshold, and with a run past it, nothing to say
     assert mapped_regime_note(req, bm, runs(calibration_batches(2048)), 2048) is None
     assert mapped_regime_note(req, bm, runs((2048, 4096)), 8192) is None
+    # so calibration runs scale the threshold for 4096 and run under glibc's default for 2048, where
+    # a lowered threshold would map only what the batch does not (it serves all from its heap)
+    assert crosses(req, bm, runs(calibration_batches(4096)), 4096)
+    assert not crosses(req, bm, runs(calibration_batches(2048)), 2048)
+    assert threshold_target(req, bm, calibration_batches(4096), 4096) == 4096
+    assert threshold_target(req, bm, calibration_batches(2048), 2048) is None
 
 
 def test_a_run_with_glibcs_mmap_threshold_fixed_below_its_activations_maps_them_and_frees_them():
