@@ -238,9 +238,14 @@ def mapped_share(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int 
     return mapped / (heap + mapped) if heap + mapped > 0 else 0.0
 
 
-def _shares(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> tuple[float, float]:
-    """(batch b's mapped share under glibc's default, the largest of the runs' under their own thresholds)."""
-    return mapped_share(req, bm, b), max((mapped_share(req, bm, x, mmap_from(t)) for x, _, t in runs), default=0.0)
+def _crossing(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> tuple[float, float] | None:
+    """(batch b's mapped share under glibc's default, the largest of the runs' under their own thresholds)
+    where b lies across glibc's mmap threshold from every run (`crosses`), else None."""
+    share = mapped_share(req, bm, b)
+    if not runs or share < MAPPED_REGIME_SHARE:
+        return None
+    ran = max(mapped_share(req, bm, x, mmap_from(t)) for x, _, t in runs)
+    return (share, ran) if ran < share / 2 else None
 
 
 def crosses(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> bool:
@@ -248,8 +253,7 @@ def crosses(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int)
     MAPPED_REGIME_SHARE of its transient peak is mapped, and no run had half its share under its own
     threshold. A freed mapped allocation leaves the resident set and a freed heap chunk stays, so the
     runs' resident bytes per transient byte do not carry over."""
-    share, ran = _shares(req, bm, runs, b)
-    return bool(runs) and share >= MAPPED_REGIME_SHARE and ran < share / 2
+    return _crossing(req, bm, runs, b) is not None
 
 
 def mapped_regime_note(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> str | None:
@@ -260,9 +264,10 @@ def mapped_regime_note(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ..
     transformer encoder at b16, whose attention maps crossed at 32 MiB). Calibration runs that would
     cross scale the threshold (`run_mmap_threshold`) and do not; measured peaks at smaller batches,
     run as a user runs them, can."""
-    if not crosses(req, bm, runs, b):
+    crossing = _crossing(req, bm, runs, b)
+    if crossing is None:
         return None
-    share, ran = _shares(req, bm, runs, b)
+    share, ran = crossing
     return (f"less certain: at batch {b}, {share:.0%} of the transient peak is allocations of 32 MiB and up, which "
             f"glibc maps on their own and unmaps when freed, against at most {ran:.0%} in the runs fitted "
             f"(batch sizes {', '.join(map(str, sorted({x for x, _, _ in runs})))}); the resident set is extrapolated "
