@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.config import OptimizerKind, Precision
 from advisor.errors import TrialError
-from advisor.procmem import current_rss, mark_peak, peak_rss
+from advisor.procmem import MMAP_THRESHOLD_MAX, current_rss, mark_peak, peak_rss
 
 
 class MeasureRequest(BaseModel):
@@ -42,7 +42,7 @@ class MeasureRequest(BaseModel):
     trace_path: str | None = Field(default=None, description="mode 'trace': where to write the real-tensor trace (.npz).")
     threads: int | None = Field(default=None, gt=0)
     mmap_threshold: int | None = Field(
-        default=None, gt=0, le=32 * 1024 * 1024,
+        default=None, gt=0, le=MMAP_THRESHOLD_MAX,
         description="glibc's mmap threshold for the run (bytes), fixed through MALLOC_MMAP_THRESHOLD_ before the process "
         "starts, with the trim threshold at twice it (glibc's own ratio); None: glibc's dynamic default.")
 

@@ -13,6 +13,11 @@ from __future__ import annotations
 import os
 import resource
 
+# glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit (bytes): its dynamic mmap threshold rises no higher,
+# so a request of this size and up is always mapped on its own, and MALLOC_MMAP_THRESHOLD_ takes no
+# larger value.
+MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
+
 
 def current_rss() -> int:
     """Resident set now (bytes)."""

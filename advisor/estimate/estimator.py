@@ -23,6 +23,7 @@ from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
 
 if TYPE_CHECKING:
+    from advisor.estimate.calibrate import Run
     from advisor.peaks import MeasuredPeaks
 
 log = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ CALIBRATIONS_KEPT = 64
 
 def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workload_args: dict[str, Any] | None,
                req: EstimateRequest, bm: BatchModel, notes: list[str],
-               record: Callable[[tuple[tuple[int, int], ...]], None] | None = None) -> tuple[CpuCalibration | None, BatchModel]:
+               record: Callable[[tuple[Run, ...]], None] | None = None) -> tuple[CpuCalibration | None, BatchModel]:
     """Short real runs on this CPU (see calibrate.py), or those of an earlier estimate of the same request
     (in this process, or kept on this host: calcache.py); a workload object cannot run in a fresh
     process. New runs go to `record` (the measured-peak store) too."""
@@ -278,7 +279,7 @@ def _keep(disk_key: str, calib: CpuCalibration, bm: BatchModel) -> None:
 
 
 def _run_recorder(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest,
-                  measured: bool | MeasuredPeaks) -> Callable[[tuple[tuple[int, int, int | None], ...]], None] | None:
+                  measured: bool | MeasuredPeaks) -> Callable[[tuple[Run, ...]], None] | None:
     """Where a calibration's runs go as measured peaks: each is DESIGN.md's CPU protocol in a fresh
     process, so an estimate without runs of its own (the tuner's pruning, a trial's prediction) is
     refined by them later. Only where the runs ran the request as asked (one process, the CPU's
@@ -290,7 +291,7 @@ def _run_recorder(fingerprint: Callable[[], str], hw: HardwareSpec, req: Estimat
     from advisor.errors import AdvisorError
     from advisor.peaks import default_peaks, record_points
 
-    def record(runs: tuple[tuple[int, int, int | None], ...]) -> None:
+    def record(runs: tuple[Run, ...]) -> None:
         try:
             record_points(fingerprint(), hw, req, "none", "cpu_rss", [(b, peak, None, t) for b, peak, t in runs],
                           default_peaks() if measured is True else measured)
@@ -307,7 +308,7 @@ def _decoder_params(wl: Workload) -> int:
 
 
 def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: EstimateRequest, compile_mode: str,
-                     predicts: str, measured: bool | MeasuredPeaks) -> list[tuple[int, int, int | None]]:
+                     predicts: str, measured: bool | MeasuredPeaks) -> list[Run]:
     """The store I/O at the estimator's edge: (batch size, peak bytes, the glibc mmap threshold the run
     fixed or None) of this configuration's measured peaks. A CPU's measured resident sets describe
     only the host they ran on, so a CPU target uses them only when it is this machine; a GPU's carry
@@ -323,7 +324,7 @@ def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: Esti
     return [(p.batch_size, p.peak_bytes, p.mmap_threshold) for p in store.points(key)]
 
 
-def _measured_refinement(ev: Evaluator, points: list[tuple[int, int, int | None]], notes: list[str]) -> Evaluator:
+def _measured_refinement(ev: Evaluator, points: list[Run], notes: list[str]) -> Evaluator:
     """Measured peaks refine the evaluator (refine.py says how, per device type)."""
     if ev.hw.device_type == "cpu":
         from advisor.estimate.calibrate import with_measured_peaks

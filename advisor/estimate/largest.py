@@ -14,7 +14,7 @@ tensors but not for two things, so the request's own strategy is searched again:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from advisor.config import Strategy
 from advisor.estimate.batchmodel import BatchModel
@@ -24,6 +24,9 @@ from advisor.estimate.stages import report
 from advisor.estimate.trace import Trace
 from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
+
+if TYPE_CHECKING:
+    from advisor.estimate.calibrate import Run
 
 # A second calibration round at the predicted largest batch (twice) and half of it runs only when
 # the predicted resident set at the largest is at most this share of this host's memory (two runs
@@ -98,9 +101,9 @@ def max_batch_traced(ev: Evaluator, trace_at: Callable[..., Trace], first: int, 
     return answer
 
 
-def largest_batches(ev: Evaluator, calibrated: bool, points: list[tuple[int, int, int | None]], workload: Workload | str,
+def largest_batches(ev: Evaluator, calibrated: bool, points: list[Run], workload: Workload | str,
                     workload_args: dict[str, Any] | None, usable: int, notes: list[str],
-                    record: Callable[[tuple[tuple[int, int, int | None], ...]], None] | None = None,
+                    record: Callable[[tuple[Run, ...]], None] | None = None,
                     trace_at: Callable[..., Trace] | None = None) -> dict[str, int]:
     """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
     it when calibrated (the new runs go to `record`); with measured peaks and no calibration runs, also
@@ -126,7 +129,7 @@ def largest_batches(ev: Evaluator, calibrated: bool, points: list[tuple[int, int
 
 def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict[str, Any] | None, first: int,
                     usable: int, notes: list[str],
-                    record: Callable[[tuple[tuple[int, int], ...]], None] | None = None) -> int | None:
+                    record: Callable[[tuple[Run, ...]], None] | None = None) -> int | None:
     """The largest batch re-solved after real runs at the first answer and half of it (CPU,
     calibrated), when those runs are cheap; again from the new answer while it lands more than
     NEAR away from where the runs were (the fit then extrapolated), at most NEAR_ROUNDS times. None

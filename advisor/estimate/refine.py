@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from advisor.estimate.calibrate import RUN_NOISE, slope_precision
+from advisor.estimate.calibrate import RUN_NOISE, Run, slope_precision
 from advisor.estimate.overhead import CpuCalibration
 
 
@@ -89,7 +89,7 @@ def refine(points: list[tuple[int, int]], predicted: Callable[[int], int]) -> Re
     return Refinement(points=len(points), batches=batches, shift=residual, refused_slope=refused)
 
 
-def resident_note(points: list[tuple[int, int, int | None]], calib: CpuCalibration, calibrated: bool) -> str:
+def resident_note(points: list[Run], calib: CpuCalibration, calibrated: bool) -> str:
     """What measured resident sets did to a CPU estimate, in one line."""
     batches = ", ".join(map(str, sorted({b for b, *_ in points})))
     how = "joined the calibration runs in the resident-set fit" if calibrated else "fitted under the default slope's prior"

@@ -16,6 +16,7 @@ from advisor.config import Strategy
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.trace import (ACTIVATIONS, CATEGORY_NAMES, GRADS, INPUTS, OPT_STATE, PARAM_COPIES, PARAMS, STEP_TEMPS,
                                     TEMPORARIES, Trace)
+from advisor.procmem import MMAP_THRESHOLD_MAX
 
 
 def category_weights(req: EstimateRequest, world: int) -> np.ndarray:
@@ -84,11 +85,10 @@ def persistent_transient(curve: np.ndarray) -> tuple[int, int]:
     return int(curve[:, mask].sum(axis=1).max()), int(curve[:, ~mask].sum(axis=1).max())
 
 
-# glibc's malloc maps a request of its own once its chunk is over DEFAULT_MMAP_THRESHOLD_MAX (32 MiB
-# on 64-bit) and unmaps it on free; smaller ones come from the heap once the dynamic threshold has
-# risen past them (it rises to each freed mapped chunk up to that maximum), and a freed heap chunk
-# stays resident. The chunk adds a header and rounds to the page: requests from here up are mapped.
-MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
+# glibc's malloc maps a request of its own once its chunk is over MMAP_THRESHOLD_MAX and unmaps it on
+# free; smaller ones come from the heap once the dynamic threshold has risen past them (it rises to
+# each freed mapped chunk up to that maximum), and a freed heap chunk stays resident. The chunk adds
+# a header and rounds to the page: requests from here up are mapped.
 MMAP_FROM_BYTES = MMAP_THRESHOLD_MAX - 4096
 
 
