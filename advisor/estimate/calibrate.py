@@ -238,14 +238,34 @@ def mapped_share(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int 
     return mapped / (heap + mapped) if heap + mapped > 0 else 0.0
 
 
+def _shares(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> tuple[float, list[float]] | None:
+    """(batch b's mapped share under glibc's default, each run's under its own threshold), or None where
+    b maps under MAPPED_REGIME_SHARE: then no run lies across the threshold from it."""
+    share = mapped_share(req, bm, b)
+    if share < MAPPED_REGIME_SHARE:
+        return None
+    return share, [mapped_share(req, bm, x, mmap_from(t)) for x, _, t in runs]
+
+
 def _crossing(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> tuple[float, float] | None:
     """(batch b's mapped share under glibc's default, the largest of the runs' under their own thresholds)
     where b lies across glibc's mmap threshold from every run (`crosses`), else None."""
-    share = mapped_share(req, bm, b)
-    if not runs or share < MAPPED_REGIME_SHARE:
+    shares = _shares(req, bm, runs, b) if runs else None
+    if shares is None:
         return None
-    ran = max(mapped_share(req, bm, x, mmap_from(t)) for x, _, t in runs)
+    share, ran = shares[0], max(shares[1])
     return (share, ran) if ran < share / 2 else None
+
+
+def across_threshold(req: EstimateRequest, bm: BatchModel, points: tuple[Run, ...], b: int) -> tuple[Run, ...]:
+    """The runs among `points` (measured peaks) that lie across glibc's mmap threshold from batch b, one
+    by one as `crosses` asks of all: b maps at least MAPPED_REGIME_SHARE of its transient peak, the run
+    under half that share under its own threshold. Their resident bytes per heap-served byte are the
+    heap's regime, not b's."""
+    shares = _shares(req, bm, points, b)
+    if shares is None:
+        return ()
+    return tuple(p for p, ran in zip(points, shares[1]) if ran < shares[0] / 2)
 
 
 def crosses(req: EstimateRequest, bm: BatchModel, runs: tuple[Run, ...], b: int) -> bool:

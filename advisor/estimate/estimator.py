@@ -133,6 +133,8 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     if calib is not None:  # its own runs, kept as measured peaks too, count once
         own = set(getattr(calib, "rss", ()))
         points = [p for p in points if p not in own]
+    if points and hw.device_type == "cpu":
+        points = _same_side_of_mmap_threshold(ev, points, notes)
     if points:
         ev = _measured_refinement(ev, points, notes)
     tr, allocated, parts, ov = ev.at(batch)
@@ -322,6 +324,30 @@ def _measured_points(fingerprint: Callable[[], str], hw: HardwareSpec, req: Esti
         return []
     key = request_key(fingerprint(), hw, req, compile_mode, predicts)
     return [(p.batch_size, p.peak_bytes, p.mmap_threshold) for p in store.points(key)]
+
+
+def _same_side_of_mmap_threshold(ev: Evaluator, points: list[Run], notes: list[str]) -> list[Run]:
+    """A CPU's measured peaks without those that lie across glibc's mmap threshold from the batch asked
+    about (calibrate.across_threshold), where other runs remain to fit: what the batch maps (and frees
+    from the resident set) they served from the heap (which keeps it), and the resident bytes per
+    transient byte do not carry over; calibration runs scale the threshold for the same reason. mlp
+    fp32 adamw b4096 after a first estimate at 1024 (session 15's VM): 455 MiB with that estimate's runs
+    at 128-512 left out (slope 1.07); the code before, from a calibration of its own with 6 peaks
+    joined, these among them, 482 MiB (1.39); measured 429-457 MiB (two medians of 3)."""
+    from advisor.estimate.calibrate import across_threshold, mapped_regime_note
+
+    across = set(across_threshold(ev.req, ev.bm, tuple(points), ev.req.batch_size))
+    if not across:
+        return points
+    if len(across) == len(points) and ev.calib is None:  # nothing else to fit: they stand, with a warning
+        regime = mapped_regime_note(ev.req, ev.bm, tuple(points), ev.req.batch_size)
+        notes.extend([regime] if regime else [])
+        return points
+    notes.append(f"{len(across)} measured peak(s) at batch size(s) {', '.join(map(str, sorted({b for b, *_ in across})))} "
+                 f"left out of the fit: they ran across glibc's mmap threshold from batch {ev.req.batch_size} (its "
+                 "tensors of 32 MiB and up are mapped and leave the resident set when freed; theirs were served "
+                 "from the heap, which keeps them)")
+    return [p for p in points if p not in across]
 
 
 def _measured_refinement(ev: Evaluator, points: list[Run], notes: list[str]) -> Evaluator:

@@ -215,3 +215,27 @@ def test_a_run_with_glibcs_mmap_threshold_fixed_below_its_activations_maps_them_
 
     default, fixed = rss(None), rss(1 << 20)
     assert fixed < 0.92 * default, (fixed, default)
+
+
+def test_measured_peaks_across_glibcs_mmap_threshold_from_the_batch_stay_out_of_its_fit(tmp_path, monkeypatch) -> None:
+    """A first estimate of mlp at 1024 keeps its runs (128-512, glibc's default: every activation
+    heap-served) as measured peaks; a second at 4096 (32 MiB activations, mapped) calibrates with
+    scaled thresholds and leaves those peaks out, and one at 1024 again takes them in. Real runs."""
+    from advisor.estimate.estimator import _CALIBRATIONS
+    from advisor.settings import get_settings
+
+    monkeypatch.setenv("ADVISOR_DATA_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    _CALIBRATIONS.clear()
+    try:
+        first = estimate_memory("mlp", "cpu", 1024, calibrate=True)
+        assert first.refined_by == 0
+        big = estimate_memory("mlp", "cpu", 4096, calibrate=True)
+        left_out = [n for n in big.notes if "left out of the fit" in n]
+        assert left_out and "128, 256, 512" in left_out[0] and "batch 4096" in left_out[0], big.notes
+        assert big.refined_by == 0 and not any("refined by" in n for n in big.notes), big.notes
+        again = estimate_memory("mlp", "cpu", 1024, calibrate=False)
+        assert again.refined_by >= 3 and not any("left out" in n for n in again.notes), again.notes
+    finally:
+        get_settings.cache_clear()
+        _CALIBRATIONS.clear()
