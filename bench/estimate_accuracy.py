@@ -258,6 +258,29 @@ def _load_avg() -> list[float]:
         return []
 
 
+def machine() -> dict[str, Any]:
+    """The machine a run measures on: the CPU model as /proc/cpuinfo names it, the kernel, glibc, and
+    this boot's id. VMs of one CPU model measured resident sets 3-16% apart for the same runs (session
+    15), so targets compare only with estimates made on the same boot."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in info:
+                info[key.strip()] = value.strip()
+            if line.strip() == "":
+                break
+    except OSError:
+        pass
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = None
+    return {"cpu": f"{info.get('model name', platform.processor() or platform.machine())} (family "
+                   f"{info.get('cpu family', '?')} model {info.get('model', '?')})",
+            "kernel": platform.release(), "libc": " ".join(platform.libc_ver()), "boot_id": boot}
+
+
 def source_fingerprint() -> dict[str, Any]:
     """Where the imported advisor package lives and a hash of its sources (others may be editing them)."""
     import hashlib
@@ -290,6 +313,13 @@ def _atomic_write(path: Path, text: str) -> None:
 # Part 1: accuracy cases
 
 
+def _same_boot(rec: dict[str, Any], meta: dict[str, Any]) -> bool:
+    """Whether a kept case's targets were measured on this boot of this machine (cases kept from before
+    the bench recorded it were not)."""
+    boot = meta["machine"]["boot_id"]
+    return boot is not None and (rec.get("measured_on") or {}).get("boot_id") == boot
+
+
 def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool: ThreadPoolExecutor,
              status) -> dict[str, Any]:
     from advisor.measure import MeasureRequest, measure
@@ -297,7 +327,7 @@ def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool:
     rec: dict[str, Any] = {
         "key": case_key(wc, precision, optimizer, batch), "kind": wc.kind, "workload": wc.workload,
         "workload_args": wc.args, "precision": precision, "optimizer": optimizer, "batch_size": batch,
-        "errors": {}, "problems": [],
+        "errors": {}, "problems": [], "measured_on": machine(),
     }
     t0 = time.perf_counter()
     req = dict(workload=wc.workload, workload_args=wc.args, batch_size=batch, precision=precision, optimizer=optimizer)
@@ -589,7 +619,12 @@ def write_markdown(path: Path, results: dict[str, Any]) -> None:
         f"{'quick' if meta['quick'] else 'full'} mode, {len(results['cases'])} of {meta['planned_cases']} cases done"
         f"{'' if meta.get('finished') else ' (in progress)'}. advisor sources: {meta['source']['advisor_dir']} "
         f"(git {meta['source']['git_head']}, sha256 {meta['source']['sha256']})"
-        + (" — CHANGED during the run" if meta.get("source_changed_during_run") else "") + ".", "",
+        + (" — CHANGED during the run" if meta.get("source_changed_during_run") else "") + "."
+        + (f" CPU: {meta['machine']['cpu']}, kernel {meta['machine']['kernel']}, {meta['machine']['libc']}."
+           if meta.get("machine") else ""), "",
+        *([f"**{len(meta['targets_elsewhere'])} of {len(results['cases'])} cases' targets were measured on another "
+           "machine or boot than their estimates**, so their errors compare two machines (the same runs' resident "
+           "sets differed by up to 16% between VMs of one CPU model).", ""] if meta.get("targets_elsewhere") else []),
         "Relative error = (estimate − measured) / measured. RSS = median of 3 fresh-process runs (peak resident set, VmHWM, over "
         "the RSS before build_model, after 3 optimizer steps); allocated = exact live-tensor peak from profiler memory "
         "events. Anchors: 24 B/param folk rule; accelerate `estimate-memory` fp32 Adam rule (4 × fp32 model = 16 B/param, "
@@ -667,7 +702,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: accuracy, maxbatch, speed")
     ap.add_argument("--render-only", action="store_true", help="rewrite the markdown and print the tables from --out")
     ap.add_argument("--reestimate", action="store_true", help="with --resume: estimate the kept cases again with "
-                    "the current code (their measured peaks stay), so the whole table is one estimator's")
+                    "the current code (their measured peaks stay), so the whole table is one estimator's; warns, and the "
+                    "markdown says, where the targets were measured on another machine or boot")
     ap.add_argument("--child-memtracker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-speed", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -723,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu_count": os.cpu_count(),
                  "torch": torch.__version__, "python": platform.python_version(), "quick": args.quick,
                  "planned_cases": len(plan), "argv": sys.argv[1:], "load_avg_start": _load_avg(), "finished": False,
-                 "source": source_fingerprint()},
+                 "source": source_fingerprint(), "machine": machine()},
         "goals": GOALS, "cases": [], "summary": {}, "max_batch": [], "speed": [],
     }
     done: dict[str, dict[str, Any]] = {}
@@ -759,6 +795,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if key in done:
                 rec = done[key]
+                if args.reestimate and not _same_boot(rec, results["meta"]):
+                    elsewhere = results["meta"].setdefault("targets_elsewhere", [])
+                    if not elsewhere:
+                        progress.console.print(
+                            "[yellow]warning: kept targets were measured on another machine or boot "
+                            f"({(rec.get('measured_on') or {}).get('cpu', 'not recorded')}); this one is "
+                            f"{results['meta']['machine']['cpu']}. Resident sets of the same runs differ by up to "
+                            "16% between VMs of one CPU model: the errors compare two machines.[/yellow]")
+                    elsewhere.append(key)
                 if args.reestimate and rec.get("estimated_with") != results["meta"]["source"]["git_head"]:
                     progress.update(t_cases, status=f"{wc.workload} {prec} {opt} b={b}: estimating again")
                     estimate_case(wc, prec, opt, b, rec)
