@@ -14,19 +14,19 @@ tensors but not for two things, so the request's own strategy is searched again:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import replace
+from typing import Any, Callable
 
 from advisor.config import Strategy
 from advisor.estimate.batchmodel import BatchModel
+from advisor.estimate.calibrate import RUN_NOISE, SLOPE_PRIOR_SD, Calibration, Run
 from advisor.estimate.evaluator import Evaluator
+from advisor.estimate.overhead import CPU_DEFAULT
 from advisor.estimate.refine import CAUTION, cautious
 from advisor.estimate.stages import report
 from advisor.estimate.trace import Trace
 from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
-
-if TYPE_CHECKING:
-    from advisor.estimate.calibrate import Run
 
 # A second calibration round at the predicted largest batch (twice) and half of it runs only when
 # the predicted resident set at the largest is at most this share of this host's memory (two runs
@@ -36,6 +36,10 @@ RECALIBRATE_HOST_SHARE = 0.3
 # Another round runs where the re-solved answer moved more than this share away from the batch the
 # round ran at, up to NEAR_ROUNDS rounds in all.
 NEAR, NEAR_ROUNDS = 0.1, 3
+# Resident bytes per transient live byte that a sample past a real run adds at most, where its runs
+# vouch for a larger batch than the fit (`_vouched_by_runs`): the steepest slope fitted across the
+# presets (1.5; calibrate.SLOPE_PRIOR_SD), or the calibration's own where steeper.
+RUN_STEP_SLOPE = CPU_DEFAULT.slope + SLOPE_PRIOR_SD
 # ... and never this many times past the largest batch already run. The host-share bound above
 # trusts the batch model being checked; this one does not: a model that barely grows (it happened,
 # bf16 traces whose frees came in another order, fixed in batchmodel.py) would send a real run to
@@ -169,4 +173,54 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
                      f"{calib.margin / 2**20:.0f} MiB kept clear): {ran_at} -> {answer}")
         if abs(answer - ran_at) <= NEAR * ran_at:
             break
+    if again is not None:
+        again = _vouched_by_runs(ev, usable, again, notes) or again
     return again
+
+
+def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) -> int | None:
+    """The largest batch that the real runs near the answer vouch for (CPU, calibrated), where it is
+    larger than the fit's answer `fitted`, else None. The fit is one line through runs that may
+    straddle a bend (gpt2-small at seq 64: the live peak moves from the optimizer step to the backward
+    pass near batch 11, the resident set's near 15), and keeps its whole spread clear of the cap, so it
+    can answer below a batch whose runs measured well under it (session 14: 12, after runs at 14
+    measured 2.28 GB under 2.5; the real largest is 16). From the largest batch b0 whose every run
+    under glibc's default measured within the cap less its own noise (RUN_NOISE, or the runs' own
+    spread there), a batch up to NEAR x b0 further is vouched for while b0's worst run plus (b - b0) x
+    the steepest per-sample growth of the batch model (at RUN_STEP_SLOPE) stays there too: each
+    phase's resident set grows no faster than the largest growth of the live peak. Never up to a
+    larger batch whose runs measured over."""
+    if not isinstance(ev.calib, Calibration):
+        return None
+    by_batch: dict[int, list[int]] = {}
+    for b, resident, threshold in ev.calib.rss:
+        if threshold is None:  # glibc's default, as the user's run will be
+            by_batch.setdefault(b, []).append(resident)
+    limit = usable - ev.total(1)[1]  # the runs measure the resident set, not the runtime beside it
+
+    def room(rs: list[int]) -> float:  # under the limit, the worst run and its noise kept clear (bytes)
+        return limit - max(rs) - max(RUN_NOISE * max(rs), max(rs) - min(rs))
+
+    clear = [b for b, rs in by_batch.items() if room(rs) >= 0]
+    if not clear:
+        return None
+    b0 = max(clear)
+    top = min([b0 + max(1, int(NEAR * b0))] + [b - 1 for b in by_batch if b > b0])
+    steep = Evaluator(ev.hw, ev.req, ev.bm, replace(ev.calib, slope=max(ev.calib.slope, RUN_STEP_SLOPE)))
+    at_b0, left = steep.predicted_total(b0), room(by_batch[b0])
+
+    def grows(b: int) -> float:  # at most, from b0 to b (bytes)
+        total = steep.predicted_total(b)
+        return (b - b0) * max(total - steep.predicted_total(b - 1), (total - at_b0) / (b - b0))
+
+    lo, hi = b0, top + 1  # lo is vouched for; hi is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if grows(mid) <= left else (lo, mid)
+    if lo <= fitted:
+        return None
+    notes.append(f"largest batch {fitted} -> {lo}: vouched for by the real runs at {b0} ({max(by_batch[b0]) / 2**20:.0f} "
+                 f"MiB at most, {left / 2**20:.0f} MiB clear of the cap less their noise), each sample past them taken "
+                 f"at {steep.calib.slope:.2f} resident bytes per transient byte at most (the fit through all the runs "
+                 "keeps its whole spread clear)")
+    return lo

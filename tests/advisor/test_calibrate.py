@@ -239,3 +239,39 @@ def test_measured_peaks_across_glibcs_mmap_threshold_from_the_batch_stay_out_of_
     finally:
         get_settings.cache_clear()
         _CALIBRATIONS.clear()
+
+
+def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_them() -> None:
+    """`_vouched_by_runs` on tiny-gpt2's real batch model: the runs' worst and their noise kept clear,
+    each sample past them at the steep slope's largest growth, at most NEAR past them, never up to a
+    batch whose runs measured over, and only runs under glibc's default count."""
+    from advisor.estimate.calibrate import Calibration
+    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
+    from advisor.estimate.evaluator import Evaluator
+    from advisor.estimate.largest import RUN_STEP_SLOPE, _vouched_by_runs
+
+    wl, hw = _resolve("tiny-gpt2", "cpu", None)
+    req = _make_request(hw, 20, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
+                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
+    bm = _batch_model(wl, req, cpu=True)
+    base = Calibration(intercept=50 * MB, slope=0.8, spread=0.0)
+
+    def vouched(runs, usable, fitted=0):
+        ev = Evaluator(hw, req, bm, Calibration(**{**base.__dict__, "rss": tuple(runs)}))
+        return _vouched_by_runs(ev, int(usable), fitted, [])
+
+    steep = Evaluator(hw, req, bm, Calibration(intercept=0.0, slope=RUN_STEP_SLOPE))
+    one = steep.predicted_total(21) - steep.predicted_total(20)  # a sample's growth past 20, at the steep slope
+    assert one > 0
+    worst = 300 * MB
+    clear = worst + 0.02 * worst  # the worst run and RUN_NOISE of it (the runs spread less)
+    runs = [(20, 297 * MB, None), (20, worst, None)]
+    assert vouched(runs, clear + one + 1) == 21
+    assert vouched(runs, clear + one - 1) == 20  # the runs' own batch, no further
+    assert vouched(runs, clear - 1) is None  # not clear of the cap: they vouch for nothing
+    assert vouched(runs, clear + 100 * one) == 22  # at most NEAR (10%) past the runs
+    assert vouched(runs + [(22, 2 * worst, None)], clear + 100 * one) == 21  # a run measured over at 22
+    assert vouched(runs, clear + 100 * one, fitted=22) is None  # the fit's answer is as large
+    assert vouched([(20, 297 * MB, 4 << 20), (20, worst, 4 << 20)], clear + one + 1) is None  # threshold fixed
+    wide = [(20, 270 * MB, None), (20, worst, None)]  # runs 30 MB apart: their spread is the noise kept clear
+    assert vouched(wide, worst + 30 * MB + one + 1) == 21 and vouched(wide, clear + one + 1) is None
