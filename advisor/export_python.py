@@ -4,6 +4,7 @@ TrainingConfig, that a user runs as is (on the advisor's workload) or pastes fro
 from __future__ import annotations
 
 from probes.config import CompileMode, Pinning, TrainingConfig
+from probes.parallel import GLOO_EXIT_PAUSE_S
 
 from advisor.config import OptimizerKind, Precision, Strategy
 
@@ -185,16 +186,10 @@ def _loop(c: TrainingConfig) -> list[str]:
         # every rank done with its collectives before any tears the group down (gloo aborted a
         # rank at exit about one run in three without it)
         out += ["dist.barrier()", "dist.destroy_process_group()"]
-    if c.nproc > 1 and c.device != "cuda":
-        # A gloo worker frees a finished collective itself, and one launched in backward holds a Python
-        # object (the context torch stashes for backward), so the free takes the GIL. A worker still
-        # waiting for it when the interpreter shuts down is ended mid-free: std::terminate, SIGABRT,
-        # and torchrun fails the job (torch 2.13; destroy_process_group does not join gloo's workers).
-        # A 2-rank tiny-mlp script, three runs at once on 2 cores (session 16): 2 of 45 aborted with
-        # the barrier alone, 0 of 120 with this pause.
+    if c.nproc > 1 and c.device != "cuda":  # see probes.parallel.GLOO_EXIT_PAUSE_S
         out += ["# gloo's workers free the last backward's collectives only once they hold the GIL; an interpreter",
                 "# shutting down ends a worker still waiting for it (SIGABRT at exit): hand them the GIL first",
-                "import time", "", "time.sleep(0.2)"]
+                "import time", "", f"time.sleep({GLOO_EXIT_PAUSE_S})"]
     return out
 
 

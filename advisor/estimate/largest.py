@@ -183,8 +183,9 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) 
     larger than the fit's answer `fitted`, else None. The fit is one line through runs that may
     straddle a bend (gpt2-small at seq 64: the live peak moves from the optimizer step to the backward
     pass near batch 11, the resident set's near 15), and keeps its whole spread clear of the cap, so it
-    can answer below a batch whose runs measured well under it (session 14: 12, after runs at 14
-    measured 2.28 GB under 2.5; the real largest is 16). From the largest batch b0 whose every run
+    can answer below a batch whose runs measured well under it (2.5 GB cap: session 14 answered 12,
+    where a run at 14 measured 2.28 GB and the real largest is 16; session 16's fit answered 13 after
+    two runs at 14 of at most 2.31 GB, and they vouched for 15). From the largest batch b0 whose every run
     under glibc's default measured within the cap less its own noise (RUN_NOISE, or the runs' own
     spread there), a batch up to NEAR x b0 further is vouched for while b0's worst run plus (b - b0) x
     the steepest per-sample growth of the batch model (at RUN_STEP_SLOPE) stays there too: each
