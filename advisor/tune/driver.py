@@ -110,8 +110,19 @@ def _optuna_storage(url: str):
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 
+# A RUNNING Optuna trial without an owner is stale only once it is this old (s): a live tuner names
+# itself first thing after asking (DefineByRun), but another tuner reading the trials in between,
+# then failing the trial as the first writes its first knobs, leaves a finished trial with part of
+# a configuration, and Optuna's brute-force sampler refuses such a study ("param_name mismatch":
+# two tuners on one PostgreSQL study, a CI run of session 16).
+OWNERLESS_GRACE_S = 120.0
+
+
 def _fail_stale(storage, study_name: str) -> int:
-    """Optuna trials left RUNNING by a tuner that is gone become FAIL; another live tuner's stay."""
+    """Optuna trials left RUNNING by a tuner that is gone become FAIL; another live tuner's stay,
+    and so does one just asked (no owner yet, younger than OWNERLESS_GRACE_S)."""
+    import datetime
+
     import optuna
 
     from advisor.store.sql import owner_gone
@@ -120,8 +131,16 @@ def _fail_stale(storage, study_name: str) -> int:
         study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
         return 0
+    # Optuna stamps datetime_start with the asking host's naive local time
+    born_before = datetime.datetime.now() - datetime.timedelta(seconds=OWNERLESS_GRACE_S)
+
+    def gone(t) -> bool:  # noqa: ANN001 (a FrozenTrial)
+        if "owner" in t.user_attrs:
+            return owner_gone(t.user_attrs["owner"])
+        return t.datetime_start is None or t.datetime_start < born_before
+
     stale = [t for t in storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-             if "owner" not in t.user_attrs or owner_gone(t.user_attrs["owner"])]
+             if gone(t)]
     for trial in stale:
         storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
     return len(stale)

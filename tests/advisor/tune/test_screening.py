@@ -128,3 +128,31 @@ def test_a_screen_that_failed_is_not_tried_again():
     space(trial)
     study.tell(trial, state=optuna.trial.TrialState.FAIL)  # e.g. the Ray worker died under it
     assert [role for role, _ in run(study, 1)] == ["batch_size=32"]
+
+
+def test_a_trial_just_asked_by_another_live_tuner_is_not_failed_as_stale(tmp_path):
+    """`_fail_stale` on a real Optuna RDB study: a dead owner's trial and an ownerless one older than
+    the grace become FAIL; a live owner's, and one just asked (no owner yet), stay RUNNING."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import sqlalchemy
+
+    from advisor.tune.driver import OWNERLESS_GRACE_S, _fail_stale
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(storage=storage, study_name="s")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    trials = {name: study.ask() for name in ("just asked", "old", "live", "dead")}
+    trials["live"].set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
+    trials["dead"].set_user_attr("owner", f"{socket.gethostname()}:{int(dead.stdout)}")
+    with sqlalchemy.create_engine(url).begin() as conn:  # asked before the grace began
+        conn.execute(sqlalchemy.text("UPDATE trials SET datetime_start = datetime(datetime_start, :ago) WHERE number = :n"),
+                     {"ago": f"-{int(OWNERLESS_GRACE_S) + 60} seconds", "n": trials["old"].number})
+    assert _fail_stale(storage, "s") == 2
+    state = {name: storage.get_trial(t._trial_id).state for name, t in trials.items()}
+    running, fail = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
+    assert state == {"just asked": running, "old": fail, "live": running, "dead": fail}
