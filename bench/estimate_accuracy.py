@@ -34,6 +34,7 @@ in part 3 are also reported as CPU time and beside the load average.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -258,8 +259,9 @@ def _load_avg() -> list[float]:
         return []
 
 
+@functools.cache
 def machine() -> dict[str, Any]:
-    """The machine a run measures on: the CPU model as /proc/cpuinfo names it, the kernel, glibc, and
+    """The machine a run measures on (read once per run): the CPU model as /proc/cpuinfo names it, the kernel, glibc, and
     this boot's id. VMs of one CPU model measured resident sets 3-16% apart for the same runs (session
     15), so targets compare only with estimates made on the same boot."""
     info: dict[str, str] = {}

@@ -246,6 +246,8 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     """`_vouched_by_runs` on tiny-gpt2's real batch model: the runs' worst and their noise kept clear,
     each sample past them at the steep slope's largest growth, at most NEAR past them, never up to a
     batch whose runs measured over, and only runs under glibc's default count."""
+    import dataclasses
+
     from advisor.estimate.calibrate import Calibration
     from advisor.estimate.estimator import _batch_model, _make_request, _resolve
     from advisor.estimate.evaluator import Evaluator
@@ -258,7 +260,7 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     base = Calibration(intercept=50 * MB, slope=0.8, spread=0.0)
 
     def vouched(runs, usable, fitted=0):
-        ev = Evaluator(hw, req, bm, Calibration(**{**base.__dict__, "rss": tuple(runs)}))
+        ev = Evaluator(hw, req, bm, dataclasses.replace(base, rss=tuple(runs)))
         return _vouched_by_runs(ev, int(usable), fitted, [])
 
     steep = Evaluator(hw, req, bm, Calibration(intercept=0.0, slope=RUN_STEP_SLOPE))
