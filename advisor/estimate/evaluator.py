@@ -72,18 +72,24 @@ class Evaluator:
         return sum(self.total(b, strategy))
 
     def max_batch(self, usable: int, strategy: Strategy | None = None) -> int:
-        """The largest batch whose total fits `usable`, a calibration's margin (its runs' spread) kept clear."""
-        usable -= int(self.calib.margin) if self.calib is not None and self.refined is None else 0
-        if self.device_bytes(1, strategy) > usable:
+        """The largest batch whose total fits `usable`, a calibration's margin at that batch kept clear
+        (calibrate.Calibration.margin: its runs' spread, and their noise at the resident set there)."""
+        keep = self.calib is not None and self.refined is None
+
+        def fits(b: int) -> bool:
+            total, runtime = self.total(b, strategy)
+            return total + runtime + (self.calib.margin(total) if keep else 0) <= usable
+
+        if not fits(1):
             return 0
         lo, hi = 1, 2
-        while hi < MAX_BATCH_LIMIT and self.device_bytes(hi, strategy) <= usable:
+        while hi < MAX_BATCH_LIMIT and fits(hi):
             lo, hi = hi, hi * 2
         if hi >= MAX_BATCH_LIMIT:
             return lo
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.device_bytes(mid, strategy) <= usable:
+            if fits(mid):
                 lo = mid
             else:
                 hi = mid

@@ -170,7 +170,7 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
         again = answer
         notes.append(f"largest batch re-solved after real runs at {ran_at} (fit over batch sizes "
                      f"{', '.join(map(str, calib.batches))}: {calib.formula()}, runs within {calib.spread / 2**20:.0f} MiB of it, "
-                     f"{calib.margin / 2**20:.0f} MiB kept clear): {ran_at} -> {answer}")
+                     f"{calib.margin(ev.predicted_total(max(answer, 1))) / 2**20:.0f} MiB kept clear): {ran_at} -> {answer}")
         if abs(answer - ran_at) <= NEAR * ran_at:
             break
     if again is not None:

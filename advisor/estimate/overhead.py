@@ -40,9 +40,9 @@ class CpuCalibration:
     def formula(self) -> str:
         return f"resident = persistent + {self.slope:.2f} x transient + {self.intercept / MB:.0f} MiB"
 
-    @property
-    def margin(self) -> float:
-        """What the largest batch keeps clear of the cap (bytes): here, without runs, the spread."""
+    def margin(self, resident: float) -> float:
+        """What the largest batch keeps clear of the cap at a batch whose resident set is predicted
+        `resident` (bytes): here, without runs, the spread."""
         return self.spread
 
     def resident(self, persistent: int, transient: int, mapped: int = 0) -> int:

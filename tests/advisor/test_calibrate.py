@@ -278,3 +278,31 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     assert vouched([(20, 297 * MB, 4 << 20), (20, worst, 4 << 20)], clear + one + 1) is None  # threshold fixed
     wide = [(20, 270 * MB, None), (20, worst, None)]  # runs 30 MB apart: their spread is the noise kept clear
     assert vouched(wide, worst + 30 * MB + one + 1) == 21 and vouched(wide, clear + one + 1) is None
+
+
+def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() -> None:
+    """Evaluator.max_batch with a calibration from runs: what it keeps clear of the cap is RUN_NOISE of
+    the resident set at the answer (or the fit's spread where wider), not of the runs' own, which are
+    smaller than the answer's where the answer lies past them."""
+    import dataclasses
+
+    from advisor.estimate.calibrate import RUN_NOISE, Calibration
+    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
+    from advisor.estimate.evaluator import Evaluator
+
+    wl, hw = _resolve("tiny-gpt2", "cpu", None)
+    req = _make_request(hw, 16, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
+                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
+    bm = _batch_model(wl, req, cpu=True)
+    base = Calibration(intercept=50 * MB, slope=0.8, rss=((2, 8 * MB, None), (4, 12 * MB, None)))
+    ev = Evaluator(hw, req, bm, base)
+    at = {b: ev.predicted_total(b) for b in (63, 64, 65)}
+    assert at[63] < at[64] < at[65]
+    # the cap just holds batch 64 with RUN_NOISE of its own resident set clear
+    cap = int(at[64] * (1 + RUN_NOISE)) + 1
+    assert ev.max_batch(cap) == 64
+    assert ev.max_batch(cap - 2) == 63  # a byte less room at 64 than its noise: 63
+    assert at[65] + RUN_NOISE * 10 * MB < cap  # the noise at the runs' median (10 MB) alone would let 65 in
+    # a fit that strays wider than RUN_NOISE keeps its spread clear instead
+    wide = Evaluator(hw, req, bm, dataclasses.replace(base, spread=RUN_NOISE * at[64] + 10 * MB))
+    assert wide.max_batch(cap) < 64 and wide.max_batch(int(at[64] + RUN_NOISE * at[64] + 10 * MB) + 1) == 64

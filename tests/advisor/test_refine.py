@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from advisor.estimate import estimate_memory
-from advisor.estimate.calibrate import SLOPE_PRIOR_SD
+from advisor.estimate.calibrate import RUN_NOISE, SLOPE_PRIOR_SD
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CPU_DEFAULT, CpuCalibration
 from advisor.estimate.refine import CAUTION, refine
@@ -97,7 +97,7 @@ def test_cpu_measured_peaks_join_the_resident_set_fit_and_give_its_largest_batch
     # batch is where it meets usable memory. Deterministic stand-ins for two trials.
     store, wl = JsonlPeaks(tmp_path), load_workload("tiny-gpt2")
     true = CpuCalibration(intercept=60 * MiB, slope=0.7)
-    parts = _resident_parts("tiny-gpt2", (32, 256, 300, 600))
+    parts = _resident_parts("tiny-gpt2", (32, 256, 300, *range(500, 601)))
     resident = {b: true.resident(p, h, m) for b, (p, h, m) in parts.items()}
     for b in (32, 256):
         record_measured_peak(wl, get_hardware("cpu"), EstimateRequest(batch_size=b), "none", resident[b], "cpu_rss",
@@ -108,11 +108,13 @@ def test_cpu_measured_peaks_join_the_resident_set_fit_and_give_its_largest_batch
     assert est.total_bytes == pytest.approx(resident[300], rel=0.01)
     note = next(n for n in est.notes if "refined by 2 measured peak(s)" in n)
     assert "0.70 x transient + 60 MiB" in note, note
-    # The recovered model meets the cap at 600; the cautious slope, two posterior SDs steeper, is
-    # barely steeper where the points span far past their noise, so the answer stays near it.
+    # The recovered model meets the cap at 600, and with a run's noise at its resident set kept clear
+    # (RUN_NOISE) a little below; the cautious slope, two posterior SDs steeper, is barely steeper
+    # where the points span far past their noise, so the answer stays near that.
     steep = next(n for n in est.notes if "posterior SDs steeper" in n)
     assert 0.70 < float(steep.split("steeper (")[1].split(")")[0]) < 0.8, steep
-    assert 0.95 * 600 <= est.max_batch_size <= 600
+    clear = max(b for b in range(500, 601) if resident[b] * (1 + RUN_NOISE) <= resident[600])
+    assert 0.95 * clear <= est.max_batch_size <= clear, (clear, est.max_batch_size)
 
 
 def test_one_cpu_measured_peak_fixes_the_intercept_under_the_default_slope(tmp_path: Path) -> None:
@@ -196,6 +198,6 @@ def test_real_measured_peaks_refine_the_largest_batch_and_it_fits(tmp_path: Path
     assert est.max_batch_size > 128
     with ThreadPoolExecutor(max_workers=2) as pool:
         real = _median(_rss(pool, est.max_batch_size, 3))
-    # Within a run's noise of the cap: the median of 3 at the answer itself strays by about 1% here
-    # (a CI run of session 16 measured 271.7 MB against a 271.0 MB cap). Past that, the answer is wrong.
-    assert real <= cap * 1.01, (real, cap, points, est.notes)
+    # The answer keeps RUN_NOISE of its own resident set clear, so the median of 3 there fits (with
+    # RUN_NOISE of the points' median kept clear instead, a CI run measured 271.7 MB against 271.0).
+    assert real <= cap, (real, cap, points, est.notes)
