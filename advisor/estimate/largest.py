@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
+import numpy as np
+
 from advisor.config import Strategy
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.calibrate import RUN_NOISE, SLOPE_PRIOR_SD, Calibration, Run
@@ -136,8 +138,10 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
                     record: Callable[[tuple[Run, ...]], None] | None = None) -> int | None:
     """The largest batch re-solved after real runs at the first answer and half of it (CPU,
     calibrated), when those runs are cheap; again from the new answer while it lands more than
-    NEAR away from where the runs were (the fit then extrapolated), at most NEAR_ROUNDS times. None
-    when no second round ran (see calibrate.py)."""
+    NEAR away from where the runs were (the fit then extrapolated), or below them where they measured
+    over the cap (then only the fit says the gap fits), at most NEAR_ROUNDS times. The answer stays
+    below any batch whose runs measured over (`_measured_over`), and runs that measured clear may
+    vouch for a little more (`_vouched_by_runs`). None when no second round ran (see calibrate.py)."""
     import os
 
     from advisor.errors import TrialError
@@ -171,11 +175,36 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
         notes.append(f"largest batch re-solved after real runs at {ran_at} (fit over batch sizes "
                      f"{', '.join(map(str, calib.batches))}: {calib.formula()}, runs within {calib.spread / 2**20:.0f} MiB of it, "
                      f"{calib.margin(ev.predicted_total(max(answer, 1))) / 2**20:.0f} MiB kept clear): {ran_at} -> {answer}")
-        if abs(answer - ran_at) <= NEAR * ran_at:
+        over = _measured_over(ev, usable)
+        if abs(answer - ran_at) <= NEAR * ran_at and not (answer < ran_at and over is not None and over <= ran_at):
             break
     if again is not None:
+        over = _measured_over(ev, usable)
+        if over is not None and again >= over:
+            notes.append(f"largest batch {again} -> {over - 1}: real runs at {over} measured over the cap (their median)")
+            again = over - 1
         again = _vouched_by_runs(ev, usable, again, notes) or again
     return again
+
+
+def _default_runs(ev: Evaluator) -> dict[int, list[int]]:
+    """The calibration's resident-set runs under glibc's default allocator, as the user's run will be,
+    by batch size (bytes); empty without a calibration from runs."""
+    by_batch: dict[int, list[int]] = {}
+    for b, resident, threshold in ev.calib.rss if isinstance(ev.calib, Calibration) else ():
+        if threshold is None:
+            by_batch.setdefault(b, []).append(resident)
+    return by_batch
+
+
+def _measured_over(ev: Evaluator, usable: int) -> int | None:
+    """The smallest batch whose real runs under glibc's default measured over `usable` (their median;
+    the runtime beside the resident set taken off), or None. No answer may reach it: near the cap
+    identical runs differ by up to 10% here (resnet18 at 64 px, 1.5 GB: 1398, 1398 and 1534 MB at
+    batch 402), and a fit through runs on both sides can still place its answer above runs that did not fit."""
+    limit = usable - ev.total(1)[1]
+    over = [b for b, rs in _default_runs(ev).items() if float(np.median(rs)) > limit]
+    return min(over) if over else None
 
 
 def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) -> int | None:
@@ -191,12 +220,7 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) 
     the steepest per-sample growth of the batch model (at RUN_STEP_SLOPE) stays there too: each
     phase's resident set grows no faster than the largest growth of the live peak. Never up to a
     larger batch whose runs measured over."""
-    if not isinstance(ev.calib, Calibration):
-        return None
-    by_batch: dict[int, list[int]] = {}
-    for b, resident, threshold in ev.calib.rss:
-        if threshold is None:  # glibc's default, as the user's run will be
-            by_batch.setdefault(b, []).append(resident)
+    by_batch = _default_runs(ev)
     limit = usable - ev.total(1)[1]  # the runs measure the resident set, not the runtime beside it
 
     def room(rs: list[int]) -> float:  # under the limit, the worst run and its noise kept clear (bytes)

@@ -280,6 +280,34 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     assert vouched(wide, worst + 30 * MB + one + 1) == 21 and vouched(wide, clear + one + 1) is None
 
 
+def test_no_answer_reaches_a_batch_whose_runs_measured_over_the_cap() -> None:
+    """`_measured_over`: the smallest batch whose runs under glibc's default measured over the cap by
+    their median (one stray run over does not count; runs that fixed the threshold do not count)."""
+    import dataclasses
+
+    from advisor.estimate.calibrate import Calibration
+    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
+    from advisor.estimate.evaluator import Evaluator
+    from advisor.estimate.largest import _measured_over
+
+    wl, hw = _resolve("tiny-gpt2", "cpu", None)
+    req = _make_request(hw, 20, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
+                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
+    bm = _batch_model(wl, req, cpu=True)
+    base = Calibration(intercept=50 * MB, slope=0.8)
+
+    def over(runs, usable=400 * MB):
+        return _measured_over(Evaluator(hw, req, bm, dataclasses.replace(base, rss=tuple(runs))), usable)
+
+    assert over([]) is None
+    assert over([(20, 300 * MB, None), (30, 390 * MB, None)]) is None
+    assert over([(20, 300 * MB, None), (30, 410 * MB, None), (40, 500 * MB, None)]) == 30
+    # resnet18's case: two runs under and one over at the same batch is a median under
+    assert over([(30, 380 * MB, None), (30, 380 * MB, None), (30, 420 * MB, None)]) is None
+    assert over([(30, 380 * MB, None), (30, 420 * MB, None), (30, 425 * MB, None)]) == 30
+    assert over([(30, 420 * MB, 4 << 20), (30, 425 * MB, 4 << 20)]) is None  # a fixed threshold: not the user's run
+
+
 def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() -> None:
     """Evaluator.max_batch with a calibration from runs: what it keeps clear of the cap is RUN_NOISE of
     the resident set at the answer (or the fit's spread where wider), not of the runs' own, which are
