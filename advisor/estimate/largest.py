@@ -139,9 +139,10 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
     """The largest batch re-solved after real runs at the first answer and half of it (CPU,
     calibrated), when those runs are cheap; again from the new answer while it lands more than
     NEAR away from where the runs were (the fit then extrapolated), or below them where they measured
-    over the cap (then only the fit says the gap fits), at most NEAR_ROUNDS times. The answer stays
-    below any batch whose runs measured over (`_measured_over`), and runs that measured clear may
-    vouch for a little more (`_vouched_by_runs`). None when no second round ran (see calibrate.py)."""
+    over the cap, or at the batch the runs vouch for (`_next_round`), at most NEAR_ROUNDS times. The
+    answer stays below any batch whose runs measured over (`_measured_over`), and runs that measured
+    clear may vouch for a little more (`_vouched_by_runs`). None when no second round ran (see
+    calibrate.py)."""
     import os
 
     from advisor.errors import TrialError
@@ -170,13 +171,12 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
             ran = set(ev.calib.rss)
             record(tuple(r for r in calib.rss if r not in ran))
         ev = Evaluator(ev.hw, ev.req, ev.bm, calib)
-        ran_at, answer = answer, ev.max_batch(usable)
-        again = answer
+        ran_at, again = answer, ev.max_batch(usable)
         notes.append(f"largest batch re-solved after real runs at {ran_at} (fit over batch sizes "
                      f"{', '.join(map(str, calib.batches))}: {calib.formula()}, runs within {calib.spread / 2**20:.0f} MiB of it, "
-                     f"{calib.margin(ev.predicted_total(max(answer, 1))) / 2**20:.0f} MiB kept clear): {ran_at} -> {answer}")
-        over = _measured_over(ev, usable)
-        if abs(answer - ran_at) <= NEAR * ran_at and not (answer < ran_at and over is not None and over <= ran_at):
+                     f"{calib.margin(ev.predicted_total(max(again, 1))) / 2**20:.0f} MiB kept clear): {ran_at} -> {again}")
+        answer = _next_round(ev, usable, ran_at, again)
+        if answer is None:
             break
     if again is not None:
         over = _measured_over(ev, usable)
@@ -185,6 +185,21 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
             again = over - 1
         again = _vouched_by_runs(ev, usable, again, notes) or again
     return again
+
+
+def _next_round(ev: Evaluator, usable: int, ran_at: int, fitted: int) -> int | None:
+    """Where the next near round runs after one at `ran_at` whose fit answered `fitted`, or None to
+    stop: at `fitted` where it lies more than NEAR from `ran_at` (the fit extrapolated), or below runs
+    that measured over the cap (only the fit says the gap between fits); else at the batch the runs
+    vouch for past `fitted` (`_vouched_by_runs`) where no run has been, so that a vouched-for answer
+    is checked by runs of its own while rounds remain (gpt2-small under 2.5 GB here: rounds at 11
+    and 13 both answered 13, and the runs at 13 vouched for 14 and no further, though they left
+    207 MiB clear; runs at 14 would vouch for 15)."""
+    over = _measured_over(ev, usable)
+    if abs(fitted - ran_at) > NEAR * ran_at or (fitted < ran_at and over is not None and over <= ran_at):
+        return fitted
+    vouched = _vouched_by_runs(ev, usable, fitted, [])
+    return vouched if vouched is not None and vouched not in _default_runs(ev) else None
 
 
 def _default_runs(ev: Evaluator) -> dict[int, list[int]]:

@@ -308,6 +308,38 @@ def test_no_answer_reaches_a_batch_whose_runs_measured_over_the_cap() -> None:
     assert over([(30, 420 * MB, 4 << 20), (30, 425 * MB, 4 << 20)]) is None  # a fixed threshold: not the user's run
 
 
+def test_the_next_near_round_runs_where_the_fit_strayed_or_where_the_runs_vouch_for_more() -> None:
+    """`_next_round` on tiny-gpt2's real batch model: at the fit's answer where it lies more than NEAR
+    from the runs, or below runs that measured over; else at the batch the runs vouch for, where no
+    run has been; else nowhere."""
+    import dataclasses
+
+    from advisor.estimate.calibrate import Calibration
+    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
+    from advisor.estimate.evaluator import Evaluator
+    from advisor.estimate.largest import RUN_STEP_SLOPE, _next_round
+
+    wl, hw = _resolve("tiny-gpt2", "cpu", None)
+    req = _make_request(hw, 20, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
+                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
+    bm = _batch_model(wl, req, cpu=True)
+    base = Calibration(intercept=50 * MB, slope=0.8)
+
+    def next_round(runs, usable, ran_at, fitted):
+        return _next_round(Evaluator(hw, req, bm, dataclasses.replace(base, rss=tuple(runs))), int(usable), ran_at, fitted)
+
+    steep = Evaluator(hw, req, bm, Calibration(intercept=0.0, slope=RUN_STEP_SLOPE))
+    one = steep.predicted_total(21) - steep.predicted_total(20)
+    clear = 300 * MB * 1.02  # runs of 300 MB at 20 and their noise
+    at20 = [(20, 300 * MB, None), (20, 300 * MB, None)]
+    assert next_round(at20, clear + 100 * one, 20, 30) == 30  # the fit strayed past NEAR: run there
+    assert next_round(at20, clear + 100 * one, 20, 20) == 22  # the runs vouch for 22: check it
+    assert next_round(at20 + [(22, 305 * MB, None)], clear + 100 * one, 20, 20) == 24  # 22 ran clear too: on to 24
+    assert next_round(at20, clear - 1, 20, 20) is None  # they vouch for nothing: stop
+    over = [(20, 500 * MB, None), (20, 510 * MB, None)]  # runs at 20 measured over a 400 MB cap
+    assert next_round(over, 400 * MB, 20, 19) == 19  # the fit answers just below them: check it
+
+
 def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() -> None:
     """Evaluator.max_batch with a calibration from runs: what it keeps clear of the cap is RUN_NOISE of
     the resident set at the answer (or the fit's spread where wider), not of the runs' own, which are
