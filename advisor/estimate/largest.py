@@ -212,12 +212,18 @@ def _default_runs(ev: Evaluator) -> dict[int, list[int]]:
     return by_batch
 
 
+def _run_limit(ev: Evaluator, usable: int) -> int:
+    """What a resident-set run may measure under `usable` (bytes): the runs measure the resident set,
+    not the runtime beside it."""
+    return usable - ev.total(1)[1]
+
+
 def _measured_over(ev: Evaluator, usable: int) -> int | None:
     """The smallest batch whose real runs under glibc's default measured over `usable` (their median;
     the runtime beside the resident set taken off), or None. No answer may reach it: near the cap
     identical runs differ by up to 10% here (resnet18 at 64 px, 1.5 GB: 1398, 1398 and 1534 MB at
     batch 402), and a fit through runs on both sides can still place its answer above runs that did not fit."""
-    limit = usable - ev.total(1)[1]
+    limit = _run_limit(ev, usable)
     over = [b for b, rs in _default_runs(ev).items() if float(np.median(rs)) > limit]
     return min(over) if over else None
 
@@ -236,7 +242,7 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) 
     phase's resident set grows no faster than the largest growth of the live peak. Never up to a
     larger batch whose runs measured over."""
     by_batch = _default_runs(ev)
-    limit = usable - ev.total(1)[1]  # the runs measure the resident set, not the runtime beside it
+    limit = _run_limit(ev, usable)
 
     def room(rs: list[int]) -> float:  # under the limit, the worst run and its noise kept clear (bytes)
         return limit - max(rs) - max(RUN_NOISE * max(rs), max(rs) - min(rs))

@@ -242,6 +242,17 @@ def test_measured_peaks_across_glibcs_mmap_threshold_from_the_batch_stay_out_of_
         _CALIBRATIONS.clear()
 
 
+def _tiny_gpt2(batch: int):
+    """(hardware, request, batch model) of tiny-gpt2 fp32 adamw at `batch` on this CPU: its real traces,
+    under the runs the largest-batch tests below make up."""
+    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
+
+    wl, hw = _resolve("tiny-gpt2", "cpu", None)
+    req = _make_request(hw, batch, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
+                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
+    return hw, req, _batch_model(wl, req, cpu=True)
+
+
 def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_them() -> None:
     """`_vouched_by_runs` on tiny-gpt2's real batch model: the runs' worst and their noise kept clear,
     each sample past them at the steep slope's largest growth, at most NEAR past them, never up to a
@@ -249,14 +260,10 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     import dataclasses
 
     from advisor.estimate.calibrate import Calibration
-    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import RUN_STEP_SLOPE, _vouched_by_runs
 
-    wl, hw = _resolve("tiny-gpt2", "cpu", None)
-    req = _make_request(hw, 20, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
-                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
-    bm = _batch_model(wl, req, cpu=True)
+    hw, req, bm = _tiny_gpt2(20)
     base = Calibration(intercept=50 * MB, slope=0.8, spread=0.0)
 
     def vouched(runs, usable, fitted=0):
@@ -286,14 +293,10 @@ def test_no_answer_reaches_a_batch_whose_runs_measured_over_the_cap() -> None:
     import dataclasses
 
     from advisor.estimate.calibrate import Calibration
-    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import _measured_over
 
-    wl, hw = _resolve("tiny-gpt2", "cpu", None)
-    req = _make_request(hw, 20, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
-                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
-    bm = _batch_model(wl, req, cpu=True)
+    hw, req, bm = _tiny_gpt2(20)
     base = Calibration(intercept=50 * MB, slope=0.8)
 
     def over(runs, usable=400 * MB):
@@ -315,14 +318,10 @@ def test_the_next_near_round_runs_where_the_fit_strayed_or_where_the_runs_vouch_
     import dataclasses
 
     from advisor.estimate.calibrate import Calibration
-    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import RUN_STEP_SLOPE, _next_round
 
-    wl, hw = _resolve("tiny-gpt2", "cpu", None)
-    req = _make_request(hw, 20, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
-                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
-    bm = _batch_model(wl, req, cpu=True)
+    hw, req, bm = _tiny_gpt2(20)
     base = Calibration(intercept=50 * MB, slope=0.8)
 
     def next_round(runs, usable, ran_at, fitted):
@@ -347,13 +346,9 @@ def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() 
     import dataclasses
 
     from advisor.estimate.calibrate import RUN_NOISE, Calibration
-    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
     from advisor.estimate.evaluator import Evaluator
 
-    wl, hw = _resolve("tiny-gpt2", "cpu", None)
-    req = _make_request(hw, 16, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
-                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
-    bm = _batch_model(wl, req, cpu=True)
+    hw, req, bm = _tiny_gpt2(16)
     base = Calibration(intercept=50 * MB, slope=0.8, rss=((2, 8 * MB, None), (4, 12 * MB, None)))
     ev = Evaluator(hw, req, bm, base)
     at = {b: ev.predicted_total(b) for b in (63, 64, 65)}
