@@ -10,7 +10,7 @@ from advisor.estimate.cuda_alloc import cublas_workspace_bytes
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
 from advisor.estimate.refine import Refinement
-from advisor.estimate.strategy import heap_and_mapped, mmap_from, peak_breakdown, scaled_curve, touched_peak
+from advisor.estimate.strategy import mmap_from, peak_breakdown, resident_parts, scaled_curve, touched_peak
 from advisor.estimate.trace import Trace
 from advisor.hardware.spec import HardwareSpec
 
@@ -31,10 +31,10 @@ class Evaluator:
         curve = scaled_curve(req, tr, self.hw.world_size)
         allocated, parts = peak_breakdown(curve)
         if self.hw.device_type == "cpu":
-            persistent, heap, mapped, hidden = self._cpu_terms(curve, tr)
+            persistent, heap, over, hidden = self._cpu_terms(curve, tr)
             allocated += hidden  # kernels' own buffers, seen only by real runs: counted as temporaries
             parts["temporaries"] += hidden
-            ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, mapped,
+            ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, over,
                               floor=touched_peak(curve, tr.untouched) + hidden)
         else:
             workspace = cublas_workspace_bytes(self.hw.accelerator.name)
@@ -44,11 +44,11 @@ class Evaluator:
         return tr, allocated, parts, ov
 
     def _cpu_terms(self, curve, tr: Trace, mmap_threshold: int | None = None) -> tuple[int, int, int, int]:
-        """(persistent peak, heap-served transient peak, mapped transient peak, kernels' hidden buffers)
-        of a CPU curve (bytes): what the resident-set model takes, under glibc's default allocator or
-        one whose mmap threshold a run fixed."""
-        persistent, heap, mapped = heap_and_mapped(curve, tr.synthetic, tr.untouched, mmap_from(mmap_threshold))
-        return persistent, heap, mapped, (self.calib.hidden(heap + mapped) if self.calib else 0)
+        """(persistent peak, heap-served transient peak, what mapped transient allocations add to the
+        persistent peak (strategy.resident_parts), kernels' hidden buffers) of a CPU curve (bytes): what
+        the resident-set model takes, under glibc's default allocator or one whose mmap threshold a run fixed."""
+        persistent, heap, mapped, over = resident_parts(curve, tr.synthetic, tr.untouched, mmap_from(mmap_threshold))
+        return persistent, heap, over, (self.calib.hidden(heap + mapped) if self.calib else 0)
 
     def transient(self, b: int, mmap_threshold: int | None = None) -> int:
         """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones plus

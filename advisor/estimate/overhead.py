@@ -8,7 +8,7 @@ of glibc's heap explained under a tenth of it (the rest is allocations tensors n
 the CPU resident set is fitted as `persistent + slope x transient + intercept` from short real runs at small
 batch sizes on this CPU (calibrate.py), with the defaults below when no run is allowed. Transient
 allocations that glibc maps on their own (32 MiB and up) are resident only while live, so they count
-once and apart from the heap-served ones (strategy.heap_and_mapped).
+once, apart from the heap-served ones, at their own moments of the step (strategy.resident_parts).
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ class CpuCalibration:
         return self.spread
 
     def resident(self, persistent: int, transient: int, mapped: int = 0) -> int:
-        """`transient`: heap-served transient peak; `mapped`: the peak of transient allocations glibc
-        maps on their own (strategy.heap_and_mapped), resident only while they live."""
+        """`transient`: heap-served transient peak; `mapped`: what transient allocations glibc maps on
+        their own add to the persistent peak where they live (strategy.resident_parts): resident only
+        while they live, they add nothing at moments they are not."""
         return int(persistent + self.slope * transient + mapped + self.intercept)
 
     def hidden(self, transient: int) -> int:

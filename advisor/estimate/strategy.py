@@ -104,12 +104,27 @@ def heap_and_mapped(curve: np.ndarray, synthetic: bool = False, untouched: np.nd
     (bytes). Freed heap memory stays resident and mapped memory does not, so the two transient
     parts weigh differently in the resident set. A synthetic curve (peak moments, not events)
     counts everything as heap-served. `untouched`, `mapped_from`: as in `split_over_step`."""
+    return resident_parts(curve, synthetic, untouched, mapped_from)[:3]
+
+
+def resident_parts(curve: np.ndarray, synthetic: bool = False, untouched: np.ndarray | None = None,
+                   mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int, int]:
+    """`heap_and_mapped`'s three peaks, and what the mapped transient allocations add to the
+    persistent peak: max over the step of persistent(t) + mapped(t), less the persistent peak
+    (bytes). A mapping is resident only while it lives, so it adds only to the long-lived bytes of
+    its own moments; gradients set to None before the forward are not there when the forward's
+    large activations are. A frozen backbone under a trainable head (bench/workloads/unseen.py,
+    fp32 sgd-momentum b64): 90 MiB of mapped activations in the forward, while the head's 67 MiB of
+    gradients live from the backward to the step; adding the two peaks put the estimate 14% over,
+    the step's own moments 1.5% (bench/BENCHMARKS.calibration.md, session 18)."""
     if len(curve) == 0:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     persistent, heap, mapped = split_over_step(curve, None if synthetic else untouched, mapped_from)
     if synthetic:
-        return int(persistent.max()), int((heap + mapped).max()), 0
-    return int(persistent.max()), int(heap.max()), int(max(0, mapped.max()))
+        return int(persistent.max()), int((heap + mapped).max()), 0, 0
+    mapped = np.maximum(mapped, 0)
+    top = int(persistent.max())
+    return top, int(heap.max()), int(mapped.max()), int((persistent + mapped).max()) - top
 
 
 def split_over_step(curve: np.ndarray, untouched: np.ndarray | None = None,

@@ -114,6 +114,34 @@ def test_transient_allocations_glibc_maps_are_counted_apart_from_heap_ones():
     assert heap_and_mapped(curve, synthetic=True) == (64 * mib, 50 * mib, 0)
 
 
+def test_a_mapped_activation_adds_to_the_long_lived_bytes_of_its_own_moments_only():
+    import numpy as np
+
+    from advisor.estimate.strategy import resident_parts
+    from advisor.estimate.trace import ACTIVATIONS, CATEGORY_NAMES, GRADS, OPT_STATE, PARAMS
+
+    mib = 1 << 20
+
+    def curve(state_mib: int):
+        # forward: a 64 MiB parameter, a 40 MiB (mapped) and a 10 MiB (heap) activation; backward: a
+        # 30 MiB gradient while the 40 MiB activation still lives, which is then freed; the step
+        # allocates the optimizer state
+        steps = [(PARAMS, 64), (ACTIVATIONS, 40), (ACTIVATIONS, 10), (GRADS, 30), (ACTIVATIONS, -40),
+                 (ACTIVATIONS, -10), (OPT_STATE, state_mib)]
+        onehot = np.zeros((len(steps), len(CATEGORY_NAMES)), np.int64)
+        for i, (cat, n) in enumerate(steps):
+            onehot[i, cat] = n * mib
+        return np.cumsum(onehot, axis=0)
+
+    # the state's 60 MiB make the step's long-lived bytes (154) exceed the backward's with the
+    # mapping (94 + 40): the mapping adds nothing over the persistent peak, where the peaks' sum says 40
+    assert resident_parts(curve(60)) == (154 * mib, 10 * mib, 40 * mib, 0)
+    # 20 MiB of state (a peak of 114): the backward's 134 lies 20 MiB over it
+    assert resident_parts(curve(20)) == (114 * mib, 10 * mib, 40 * mib, 20 * mib)
+    # a synthetic curve (peak moments, no events) counts it all as heap-served, as before
+    assert resident_parts(curve(20), synthetic=True) == (114 * mib, 50 * mib, 0, 0)
+
+
 def test_bytes_a_kernel_never_writes_stay_out_of_the_resident_set_of_a_mapped_allocation():
     import numpy as np
 
