@@ -98,25 +98,20 @@ def mmap_from(threshold: int | None) -> int:
     return MMAP_FROM_BYTES if threshold is None else max(0, threshold - 4096)
 
 
-def heap_and_mapped(curve: np.ndarray, synthetic: bool = False, untouched: np.ndarray | None = None,
-                    mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int]:
-    """(persistent peak, transient peak of heap-served allocations, transient peak of mapped ones)
-    (bytes). Freed heap memory stays resident and mapped memory does not, so the two transient
-    parts weigh differently in the resident set. A synthetic curve (peak moments, not events)
-    counts everything as heap-served. `untouched`, `mapped_from`: as in `split_over_step`."""
-    return resident_parts(curve, synthetic, untouched, mapped_from)[:3]
-
-
 def resident_parts(curve: np.ndarray, synthetic: bool = False, untouched: np.ndarray | None = None,
                    mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int, int]:
-    """`heap_and_mapped`'s three peaks, and what the mapped transient allocations add to the
-    persistent peak: max over the step of persistent(t) + mapped(t), less the persistent peak
-    (bytes). A mapping is resident only while it lives, so it adds only to the long-lived bytes of
-    its own moments; gradients set to None before the forward are not there when the forward's
-    large activations are. A frozen backbone under a trainable head (bench/workloads/unseen.py,
-    fp32 sgd-momentum b64): 90 MiB of mapped activations in the forward, while the head's 67 MiB of
+    """(persistent peak, transient peak of heap-served allocations, transient peak of mapped ones,
+    what the mapped ones add to the persistent peak) (bytes). Freed heap memory stays resident and
+    mapped memory does not, so the two transient parts weigh differently in the resident set. A
+    mapping is resident only while it lives, so it adds only to the long-lived bytes of its own
+    moments: the last item is max over the step of persistent(t) + mapped(t), less the persistent
+    peak. Gradients set to None before the forward are not there when the forward's large
+    activations are. A frozen backbone under a trainable head (bench/workloads/unseen.py, fp32
+    sgd-momentum b64): 90 MiB of mapped activations in the forward, while the head's 67 MiB of
     gradients live from the backward to the step; adding the two peaks put the estimate 14% over,
-    the step's own moments 1.5% (bench/BENCHMARKS.calibration.md, session 18)."""
+    the step's own moments 1.5% (bench/BENCHMARKS.calibration.md, session 18). A synthetic curve
+    (peak moments, not events) counts everything as heap-served. `untouched`, `mapped_from`: as in
+    `split_over_step`."""
     if len(curve) == 0:
         return 0, 0, 0, 0
     persistent, heap, mapped = split_over_step(curve, None if synthetic else untouched, mapped_from)
