@@ -48,7 +48,7 @@ def parse_case(case: str) -> tuple[str, str, str, int, dict]:
     return name, prec, opt, int(batch), args
 
 
-def peaks_model(req, bm, ratio: float, b: int, threshold=None) -> tuple[float, float]:
+def peaks_model(req, bm, ratio: float, b: int, threshold=None) -> tuple[int, int, float]:
     """(persistent + mapped peaks, heap-served transient peak, kernels' hidden buffers) of the `peaks`
     model at batch b (bytes)."""
     tr = bm.at(b)

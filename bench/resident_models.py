@@ -5,9 +5,9 @@
 
 A (the estimator's, advisor/estimate/overhead.py; up to session 17: persistent peak + s x heap-served
 transient peak + mapped transient peak + i; since session 18 the mapped term is what the mapped
-allocations add to the persistent bytes of their own moments, bench/mapped_moments.py). B: max over the step of persistent(t) + s x heap(t) + mapped(t), + i: the
-two peaks need not coincide, and freed activations' heap memory can hold later gradients. Both are
-fitted on one calibration's runs (calibrate_cpu: real runs, minutes per case; B by a grid over s with
+allocations add to the persistent bytes of their own moments, bench/mapped_moments.py).
+B: max over the step of persistent(t) + s x heap(t) + mapped(t), + i: the two peaks need not
+coincide, and freed activations' heap memory can hold later gradients. Both are fitted on one calibration's runs (calibrate_cpu: real runs, minutes per case; B by a grid over s with
 calibrate._fit's prior), and compared with the accuracy grid's measured RSS at the case's batch
 (bench/results/accuracy.json, median of 3). One JSON line per case. Not a benchmark of a goal: a
 tool for deciding the resident-set model (bench/BENCHMARKS.calibration.md, "Session 11").
