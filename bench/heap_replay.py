@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.estimate.calibrate import calibration_batches  # noqa: E402
+from advisor.estimate.calibrate import MMAP_THRESHOLD_MIN, calibration_batches  # noqa: E402
 from advisor.estimate.estimator import _batch_model, _make_request  # noqa: E402
 from advisor.estimate.strategy import resident_parts, scaled_curve  # noqa: E402
 from advisor.hardware import get_hardware  # noqa: E402
@@ -45,7 +45,6 @@ from advisor.workload import load_workload  # noqa: E402
 from mapped_moments import parse_case  # noqa: E402
 
 MiB = 2**20
-MMAP_THRESHOLD_START = 128 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MIN
 
 
 def chunk_bytes(n: int) -> int:
@@ -72,7 +71,7 @@ class _Heap:
 
     def __init__(self, coalesce: bool, slack: int) -> None:
         self.coalesce, self.slack = coalesce, slack
-        self.threshold = self.trim = MMAP_THRESHOLD_START  # glibc's defaults for both: 128 KiB
+        self.threshold = self.trim = MMAP_THRESHOLD_MIN  # glibc's initial values of both: 128 KiB
         self.starts: list[int] = []  # sorted addresses of free chunks
         self.free: dict[int, int] = {}  # address -> bytes
         self.live: dict[int, tuple[int, int]] = {}  # allocation -> (address, or -1 for a mapping; chunk bytes)
@@ -155,7 +154,7 @@ def main() -> None:
         real = float(np.median(runs)) if runs else None
         cols = " ".join(f"{k} {v / MiB:6.0f}" + (f" [{(real - v) / MiB:+5.0f}]" if real else "") for k, v in regressors.items())
         print(f"  b={b:<6d} real {'-' if real is None else f'{real / MiB:.0f}'} (runs {', '.join(f'{r / MiB:.0f}' for r in runs)})"
-              f"  live peak {tr.curve.sum(axis=1).max() / MiB:.0f}  {cols}", flush=True)
+              f"  live peak {tr.peak_bytes / MiB:.0f}  {cols}", flush=True)
 
 
 if __name__ == "__main__":
