@@ -311,6 +311,12 @@ def with_measured_peaks(req: EstimateRequest, bm: BatchModel, first: Calibration
                        used_real_traces=first.used_real_traces if first is not None else False, rss=rss)
 
 
+def from_an_eighth(runs: tuple[Run, ...] | list[Run], batch: int) -> tuple[Run, ...]:
+    """The runs from an eighth of `batch` up: those a resident-set fit for `batch` takes in beside
+    runs nearer it (farther down, the heap reuses freed chunks otherwise; see recalibrate_near)."""
+    return tuple(p for p in runs if p[0] >= batch // 8)
+
+
 def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel, first: Calibration,
                      batch: int) -> Calibration | None:
     """A second round of resident-set runs at `batch` (a predicted largest batch far from the first
@@ -328,7 +334,7 @@ def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: 
         return None
     runs = [("rss", b, i) for b in sorted({max(1, batch // 2), batch} - set(first.batches)) for i in range(1 + (b == batch))]
     res = _run_parallel(_rss_jobs(spec, args, req, runs, threshold_target(req, bm, (max(1, batch // 2),), batch)))
-    rss = tuple(p for p in first.rss if p[0] >= batch // 8) + tuple(_rss_point(res[r]) for r in runs)
+    rss = from_an_eighth(first.rss, batch) + tuple(_rss_point(res[r]) for r in runs)
     intercept, slope, spread = _fit_resident(req, bm, first.hidden_ratio, rss)
     return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=first.hidden_ratio,
                        batches=tuple(sorted({b for b, _, _ in rss})), used_real_traces=first.used_real_traces, rss=rss)
