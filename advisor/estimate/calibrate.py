@@ -57,6 +57,23 @@ class Calibration(CpuCalibration):
         kept clear, which is smaller than the answer's: the larger points carry more noise."""
         return max(self.spread, RUN_NOISE * resident) if self.rss else self.spread
 
+    def runs_at(self, b: int) -> list[int]:
+        """The resident-set increases of the runs at batch b itself under glibc's default allocator,
+        as a user runs it (bytes): calibration runs at the batch, a near round's, measured peaks."""
+        return [r for x, r, t in self.rss if x == b and t is None]
+
+    def at_batch(self, b: int, line: float) -> float:
+        """The resident set at batch b (bytes): the fit's `line` there, drawn toward the mean of the
+        runs at b itself by n / (n + 1) for n runs (the posterior mean where the fit's error at b and
+        one run's noise are alike: on session 20's grid the line strayed 2.4% at the median, 10% at
+        most, and one run strayed from its case's other two 1.5% at the median, up to 19%). The line
+        alone cannot bend where the heap's reuse of freed chunks changes between the runs below b and
+        b itself (unseen audio net at 8: runs at 2-4 on a line that the runs at 8 sit 20-55 MiB above)."""
+        rs = self.runs_at(b)
+        if not rs:
+            return line
+        return line + len(rs) / (len(rs) + 1) * (float(np.mean(rs)) - line)
+
 
 def calibration_batches(batch: int) -> tuple[int, ...]:
     """Up to three distinct batch sizes at most half of `batch` (samples); (1,) for batch <= 3.
@@ -68,6 +85,30 @@ def calibration_batches(batch: int) -> tuple[int, ...]:
     if sizes[0] == 1 and len(sizes) == 3:  # 8 <= batch < 16: three runs from 2 up
         sizes = sorted({max(2, batch // 4), (max(2, batch // 4) + batch // 2) // 2, batch // 2})
     return tuple(sizes)
+
+
+# Batch sizes under this get AT_BATCH_RUNS calibration runs at the batch itself too: from 2 up, the
+# runs at a fraction of it reach a few samples at most (8: 2, 3 and 4), and where a heap chunk's reuse
+# changes between those and the batch no line through them shows it; runs there are cheap.
+AT_BATCH_BELOW = 16
+AT_BATCH_RUNS = 2
+# Real runs at a batch go only where its predicted resident set is at most this share of this host's
+# memory (two run at once): cheap, no risk to the host.
+HOST_SHARE = 0.3
+
+
+def host_memory_bytes() -> int:
+    """This host's physical memory (bytes): what real runs here share."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def runs_at_batch(batch: int, predicted: int) -> int:
+    """How many calibration runs go at `batch` itself beside those at fractions of it (calibration_batches),
+    for a batch whose resident set is predicted `predicted` bytes before any run: AT_BATCH_RUNS in all
+    under AT_BATCH_BELOW where that is cheap on this host (HOST_SHARE), else none."""
+    if batch >= AT_BATCH_BELOW or predicted > HOST_SHARE * host_memory_bytes():
+        return 0
+    return AT_BATCH_RUNS - (batch in calibration_batches(batch))
 
 
 # glibc's initial mmap threshold (DEFAULT_MMAP_THRESHOLD_MIN): no run fixes one lower.
@@ -188,15 +229,18 @@ def _fit(transient: list[int], extra: list[float], resident: list[int]) -> tuple
 
 
 def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel,
-                  scale_threshold: bool | None = None) -> tuple[Calibration, BatchModel]:
+                  scale_threshold: bool | None = None, at_batch: int = 0) -> tuple[Calibration, BatchModel]:
     """Fit the CPU runtime overhead; returns it and the batch model to use (fake, or real traces).
     `scale_threshold`: whether the resident-set runs fix glibc's mmap threshold at their share of the
-    batch (`run_mmap_threshold`); None: where the batch lies across it from them (`crosses`)."""
+    batch (`run_mmap_threshold`); None: where the batch lies across it from them (`crosses`).
+    `at_batch`: resident-set runs at the batch itself besides (`runs_at_batch`), under glibc's default
+    as a user runs it; they join the fit, and the estimate at the batch leans on them (`Calibration.at_batch`)."""
     rss_batches = calibration_batches(req.batch_size)
     trace_batches = _trace_batches(req.batch_size)
     target = threshold_target(req, bm, rss_batches, req.batch_size) if scale_threshold is None \
         else req.batch_size if scale_threshold else None
-    jobs = _rss_jobs(spec, args, req, [("rss", b) for b in rss_batches], target)
+    runs = [("rss", b) for b in rss_batches] + [("rss", req.batch_size, i) for i in range(at_batch)]
+    jobs = _rss_jobs(spec, args, req, runs, target)
     jobs[("alloc", trace_batches[1])] = _request(spec, args, req, trace_batches[1], "alloc")
     real_bm, res = real_batch_model(spec, args, req, trace_batches, jobs)
     hi = trace_batches[1]
@@ -207,9 +251,10 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
     _, transient_hi = persistent_transient(scaled_curve(req, chosen.at(hi), 1))
     hidden = max(0, (res[("alloc", hi)].alloc_peak_bytes or 0) - chosen.at(hi).peak_bytes)
     ratio = hidden / transient_hi if transient_hi else 0.0
-    rss = tuple(_rss_point(res[("rss", b)]) for b in rss_batches)
+    rss = tuple(_rss_point(res[r]) for r in runs)
     intercept, slope, spread = _fit_resident(req, chosen, ratio, rss)
-    return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=ratio, batches=rss_batches,
+    return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=ratio,
+                       batches=tuple(sorted({b for b, _, _ in rss})),
                        used_real_traces=use_real, rss=rss), chosen
 
 

@@ -125,7 +125,10 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     calib = None
     record = _run_recorder(fingerprint, hw, req, measured) if local_cpu else None
     if local_cpu and do_cal and used != "analytic":
-        calib, bm = _calibrate(fingerprint, workload, workload_args, req, bm, notes, record)
+        from advisor.estimate.calibrate import runs_at_batch
+
+        at_batch = runs_at_batch(batch, Evaluator(hw, req, bm, None).predicted_total(batch))
+        calib, bm = _calibrate(fingerprint, workload, workload_args, req, bm, notes, record, at_batch)
 
     ev = Evaluator(hw, req, bm, calib)
     predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
@@ -137,8 +140,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         points = _from_an_eighth_of_the_batch(ev, _same_side_of_mmap_threshold(ev, points, notes), notes)
     if points:
         ev = _measured_refinement(ev, points, notes)
-    tr, allocated, parts, ov = ev.at(batch)
-    total, _ = ev.total(batch)
+    tr, allocated, parts, ov = ev.at(batch, runs=True)
+    total, _ = ev.total(batch, runs=True)
+    _note_runs_at_batch(ev, batch, notes)
     parts["overhead"] = total - sum(parts.values())
     if parts["overhead"] < 0:
         parts["temporaries"] += parts["overhead"]
@@ -149,6 +153,10 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         and bm.trace_a.sized_kernels else None
     by_strategy = largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes, record,
                                   trace_at)
+    if not fits and by_strategy[req.strategy.value] >= batch:  # real runs at the batch outweigh the line there
+        notes.append(f"largest batch {by_strategy[req.strategy.value]} -> {batch - 1}: the real runs at batch {batch} "
+                     "say it does not fit")
+        by_strategy[req.strategy.value] = batch - 1
     step_s = samples_s = None
     moved = tr.param_bytes * 3 + tr.opt_state_bytes * 2 + parts["activations"] * 2
     try:
@@ -163,6 +171,19 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         max_batch_size=by_strategy[req.strategy.value], max_batch_by_strategy=by_strategy,
         method=used, calibrated=calib is not None, refined_by=len(points), num_params=tr.num_params, flops_per_step=tr.flops_per_step,
         predicted_step_s=step_s, predicted_samples_per_s=samples_s, notes=notes, seconds=time.perf_counter() - t0)
+
+
+def _note_runs_at_batch(ev: Evaluator, batch: int, notes: list[str]) -> None:
+    """Say where real runs at the batch itself moved the resident set off the fit's line (CPU)."""
+    from advisor.estimate.calibrate import Calibration
+
+    runs = ev.calib.runs_at(batch) if isinstance(ev.calib, Calibration) else []
+    if not runs:
+        return
+    line, at = ev.total(batch)[0], ev.total(batch, runs=True)[0]
+    notes.append(f"resident set at batch {batch}: {at / 2**20:.0f} MiB, the fit's {line / 2**20:.0f} MiB drawn "
+                 f"{len(runs)}/{len(runs) + 1} of the way to the mean of {len(runs)} real run(s) at the batch itself "
+                 f"({', '.join(f'{r / 2**20:.0f}' for r in runs)} MiB)")
 
 
 def _make_request(hw: HardwareSpec, batch: int, **knobs: Any) -> EstimateRequest:
@@ -215,10 +236,12 @@ CALIBRATIONS_KEPT = 64
 
 def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workload_args: dict[str, Any] | None,
                req: EstimateRequest, bm: BatchModel, notes: list[str],
-               record: Callable[[tuple[Run, ...]], None] | None = None) -> tuple[CpuCalibration | None, BatchModel]:
+               record: Callable[[tuple[Run, ...]], None] | None = None,
+               at_batch: int = 0) -> tuple[CpuCalibration | None, BatchModel]:
     """Short real runs on this CPU (see calibrate.py), or those of an earlier estimate of the same request
     (in this process, or kept on this host: calcache.py); a workload object cannot run in a fresh
-    process. New runs go to `record` (the measured-peak store) too."""
+    process. New runs go to `record` (the measured-peak store) too. `at_batch`: runs at the batch itself
+    besides (calibrate.runs_at_batch)."""
     if not isinstance(workload, str):
         notes.append("not calibrated: a workload passed as an object cannot be run in a fresh process")
         return None, bm
@@ -229,19 +252,20 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
     from advisor.estimate.calibrate import RUN_NOISE, calibrate_cpu, calibration_batches, mapped_regime_note
 
     request = req.model_dump(mode="json")
-    key = json.dumps([workload, workload_args or {}, fingerprint(), request], sort_keys=True, default=str)
+    key = json.dumps([workload, workload_args or {}, fingerprint(), request, at_batch], sort_keys=True, default=str)
     reused = " (runs of an earlier estimate in this process)" if key in _CALIBRATIONS else ""
     if not reused:
-        disk_key = calcache.calibration_key(workload, workload_args or {}, fingerprint(), request)
+        disk_key = calcache.calibration_key(workload, workload_args or {}, fingerprint(), {**request, "at_batch": at_batch})
         kept = calcache.load(disk_key, bm)
         if kept is not None:
             reused = " (runs of an earlier estimate on this host, kept in the data dir)"
             _CALIBRATIONS[key] = kept
         else:
+            at = f" and {req.batch_size} (x{at_batch})" if at_batch else ""
             report(f"calibrating: real steps in fresh processes at batch sizes "
-                   f"{', '.join(map(str, calibration_batches(req.batch_size)))}")
+                   f"{', '.join(map(str, calibration_batches(req.batch_size)))}{at}")
             try:
-                _CALIBRATIONS[key] = calibrate_cpu(workload, workload_args or {}, req, bm)
+                _CALIBRATIONS[key] = calibrate_cpu(workload, workload_args or {}, req, bm, at_batch=at_batch)
             except TrialError as exc:  # the real step fails here (e.g. no kernel for this dtype): the trace stands alone
                 notes.append(f"not calibrated: {exc}")
                 return None, bm

@@ -25,7 +25,11 @@ class Evaluator:
         # CUDA: measured peaks of req's configuration (refine.py); a CPU's join `calib` instead
         self.refined: Refinement | None = None
 
-    def at(self, b: int, strategy: Strategy | None = None) -> tuple[Trace, int, dict[str, int], Overhead]:
+    def at(self, b: int, strategy: Strategy | None = None,
+           runs: bool = False) -> tuple[Trace, int, dict[str, int], Overhead]:
+        """(trace, allocated bytes, breakdown, overhead) at batch b. `runs`: on a CPU, real runs at b itself
+        weigh in (CpuCalibration.at_batch); off where a search compares batch sizes, which the line
+        alone orders."""
         req = self.req if strategy is None else self.req.model_copy(update={"strategy": strategy})
         tr = self.bm.at(b)
         curve = scaled_curve(req, tr, self.hw.world_size)
@@ -35,7 +39,7 @@ class Evaluator:
             allocated += hidden  # kernels' own buffers, seen only by real runs: counted as temporaries
             parts["temporaries"] += hidden
             ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, over,
-                              floor=touched_peak(curve, tr.untouched) + hidden)
+                              floor=touched_peak(curve, tr.untouched) + hidden, batch=b if runs else None)
         else:
             workspace = cublas_workspace_bytes(self.hw.accelerator.name)
             ov = cuda_overhead(tr, allocated, workspace)
@@ -61,9 +65,10 @@ class Evaluator:
         """The estimator's own total for the request at batch b (bytes), before measured peaks."""
         return self.at(b)[3].total
 
-    def total(self, b: int, strategy: Strategy | None = None) -> tuple[int, int]:
-        """(total, runtime) at batch b (bytes); measured peaks refine the request's own strategy only."""
-        _, _, _, ov = self.at(b, strategy)
+    def total(self, b: int, strategy: Strategy | None = None, runs: bool = False) -> tuple[int, int]:
+        """(total, runtime) at batch b (bytes); measured peaks refine the request's own strategy only.
+        `runs`: as in `at`."""
+        _, _, _, ov = self.at(b, strategy, runs)
         if self.refined is not None and strategy in (None, self.req.strategy):
             return self.refined.total(b, self.predicted_total), ov.runtime
         return ov.total, ov.runtime

@@ -31,10 +31,9 @@ from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
 
 # A second calibration round at the predicted largest batch (twice) and half of it runs only when
-# the predicted resident set at the largest is at most this share of this host's memory (two runs
-# go at once): cheap runs, no risk to the host. Asked about this host's own memory, the largest batch
-# is about all of it, so the common `estimate` on the local CPU never pays for the round.
-RECALIBRATE_HOST_SHARE = 0.3
+# the predicted resident set at the largest is at most calibrate.HOST_SHARE of this host's memory.
+# Asked about this host's own memory, the largest batch is about all of it, so the common `estimate`
+# on the local CPU never pays for the round.
 # Another round runs where the re-solved answer moved more than this share away from the batch the
 # round ran at, up to NEAR_ROUNDS rounds in all.
 NEAR, NEAR_ROUNDS = 0.1, 3
@@ -143,17 +142,15 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
     answer stays below any batch whose runs measured over (`_measured_over`), and runs that measured
     clear may vouch for a little more (`_vouched_by_runs`). None when no second round ran (see
     calibrate.py)."""
-    import os
-
     from advisor.errors import TrialError
-    from advisor.estimate.calibrate import Calibration, recalibrate_near
+    from advisor.estimate.calibrate import HOST_SHARE, Calibration, host_memory_bytes, recalibrate_near
 
-    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    host = host_memory_bytes()
     answer, again = first, None
     for _ in range(NEAR_ROUNDS):
         if not isinstance(ev.calib, Calibration) or not isinstance(workload, str) or answer < 2:
             break
-        if ev.predicted_total(answer) > RECALIBRATE_HOST_SHARE * host:
+        if ev.predicted_total(answer) > HOST_SHARE * host:
             break
         if answer > NEAR_REACH * max(ev.calib.batches):
             notes.append(f"largest batch {answer} not checked with real runs: over {NEAR_REACH}x the largest batch run "

@@ -51,6 +51,10 @@ class CpuCalibration:
         while they live, they add nothing at moments they are not."""
         return int(persistent + self.slope * transient + mapped + self.intercept)
 
+    def at_batch(self, b: int, line: float) -> float:
+        """The resident set at batch b given the fit's `line` there (bytes): here, without runs, the line."""
+        return line
+
     def hidden(self, transient: int) -> int:
         """Kernel-internal buffers (oneDNN scratchpads, RNN workspaces) at this transient peak (bytes)."""
         return int(self.hidden_ratio * transient)
@@ -74,10 +78,15 @@ class Overhead:
 
 
 def cpu_overhead(allocated: int, persistent: int, transient: int, calib: CpuCalibration | None,
-                 mapped: int = 0, floor: int | None = None) -> Overhead:
+                 mapped: int = 0, floor: int | None = None, batch: int | None = None) -> Overhead:
     """`floor`: the least the resident set can be, the live bytes kernels wrote at their peak
-    (strategy.touched_peak); default `allocated`."""
-    total = max(allocated if floor is None else floor, (calib or CPU_DEFAULT).resident(persistent, transient, mapped))
+    (strategy.touched_peak); default `allocated`. `batch`: where given, the calibration's real runs at
+    that batch itself weigh in (CpuCalibration.at_batch)."""
+    calib = calib or CPU_DEFAULT
+    resident = calib.resident(persistent, transient, mapped)
+    if batch is not None:
+        resident = int(calib.at_batch(batch, resident))
+    total = max(allocated if floor is None else floor, resident)
     return Overhead(total=total, allocated=allocated, runtime=0)
 
 
