@@ -100,6 +100,16 @@ class _Stop(BaseException):
     """SIGTERM in a job process: unwind (Ray shuts down in run_tune's finally), leave the status to the worker."""
 
 
+def _what(exc: BaseException) -> str:
+    """An exception and the one it was raised from, a line each at most: a library's wrapper (Optuna's
+    StorageInternalError) says little without its cause (the database's own error)."""
+    def line(e: BaseException) -> str:
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+    cause = exc.__cause__ or exc.__context__
+    return line(exc) + (f", from {line(cause)}" if cause is not None else "")
+
+
 def run_job(job_id: str, db: str) -> int:
     """Run one claimed job to its end; the status is written here unless the worker stopped it."""
     from advisor.settings import get_settings
@@ -128,7 +138,7 @@ def run_job(job_id: str, db: str) -> int:
         return 1
     except Exception as exc:
         log.exception("job %s crashed", job_id)
-        queue.finish(job_id, "failed", f"the job crashed ({type(exc).__name__}); its log on the worker has the cause")
+        queue.finish(job_id, "failed", f"the job crashed ({_what(exc)}); its log on the worker has the traceback")
         return 1
     queue.finish(job_id, "finished")
     log.info("job %s: study %s finished (%s)", job_id, summary.study_name, summary.statuses)

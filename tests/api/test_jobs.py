@@ -88,6 +88,13 @@ def _wait(client, job_id: str, until, timeout: float, what: str) -> dict:  # noq
     raise AssertionError(f"job {job_id} did not reach {what} in {timeout} s; last: {job}")
 
 
+def _job_log(server, job_id: str) -> str:  # noqa: ANN001
+    """The tail of the job process's log on the worker (its traceback, where it crashed), for a failure's
+    message: the job's status names the exception only."""
+    path = server.data_dir / "jobs" / f"{job_id}.log"
+    return path.read_text(errors="replace")[-4000:] if path.exists() else f"(no log at {path})"
+
+
 def _trials(client, study_id: int) -> list[dict]:  # noqa: ANN001
     return client.get(f"/v1/studies/{study_id}/trials", params={"limit": 500}).json()["items"]
 
@@ -99,7 +106,7 @@ def test_a_job_over_http_runs_real_trials_and_its_results_are_served(sqlite_url,
         assert r.status_code == 202, r.text
         job_id = r.json()["job_id"]
         job = _wait(c, job_id, lambda j: j["status"] in ("finished", "failed", "cancelled"), 400, "an end")
-        assert job["status"] == "finished", job
+        assert job["status"] == "finished", (job, _job_log(server, job_id))
         assert job["progress"] == {"done": 3, "total": 3, "fraction": 1.0}
         results = c.get("/v1/results", params={"study": job["study_name"]}).json()
         assert results["total"] == 3
@@ -179,7 +186,7 @@ def test_jobs_survive_restarts_and_resume_their_study(sqlite_url, serve):
     third = serve(sqlite_url)
     with third.client() as c:
         job = _wait(c, job_id, lambda j: j["status"] in ("finished", "failed"), 400, "an end")
-        assert job["status"] == "finished", job
+        assert job["status"] == "finished", (job, _job_log(third, job_id))
         from advisor.store import open_store
         from advisor.store.jobs import JobQueue
 
