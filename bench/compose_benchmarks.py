@@ -81,25 +81,25 @@ def _estimator(acc: Path) -> list[str]:
     return parts
 
 
-def _unseen() -> str:
-    """`estimate_accuracy.py --set unseen`'s summary and cases, as one section ('## Workloads outside the
-    presets'), then bench/notes/unseen.md; without its results, that section as BENCHMARKS.md has it."""
-    title = "Workloads outside the presets"
-    md = RESULTS / "accuracy-unseen.md"
+def _outside(kind: str, title: str) -> str:
+    """`estimate_accuracy.py --set {kind}`'s summary and cases, as one section ('## {title}'), then
+    bench/notes/{kind}.md; without its results, that section as BENCHMARKS.md has it."""
+    md = RESULTS / f"accuracy-{kind}.md"
     if not md.exists():
         return _section(md, title)
     run = md.read_text().splitlines()[2].replace("(in progress)", "(stopped there)")
-    body = [f"## {title}\n", "```bash\n.venv/bin/python bench/estimate_accuracy.py --set unseen --skip maxbatch,speed "
-            "--out bench/results/accuracy-unseen.json\n```\n", run + "\n"]
+    body = [f"## {title}\n", f"```bash\n.venv/bin/python bench/estimate_accuracy.py --set {kind} --skip maxbatch,speed "
+            f"--out bench/results/accuracy-{kind}.json\n```\n", run + "\n"]
     for part in ("Summary", "Cases"):
         body.append("#" + _section(md, part))
-    note = NOTES / "unseen.md"
+    note = NOTES / f"{kind}.md"
     return "\n".join(body) + ("\n" + note.read_text().strip() + "\n" if note.exists() else "")
 
 
 def main() -> int:
     parts = _estimator(RESULTS / "accuracy.md")
-    parts.append(_unseen())
+    parts.append(_outside("unseen", "Workloads outside the presets"))
+    parts.append(_outside("fresh", "Workloads written before any estimate of them was seen"))
     if CALIBRATION.exists():
         parts.append(CALIBRATION.read_text())
     # bench/estimate_accuracy_cuda.py, on a lent GPU machine

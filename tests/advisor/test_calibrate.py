@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from advisor.estimate import estimate_memory
-from advisor.estimate.calibrate import _fit, calibration_batches
+from advisor.estimate.calibrate import _fit, _trace_batches, calibration_batches
 from advisor.estimate.overhead import CPU_DEFAULT
 from advisor.estimate.strategy import mmap_from
 from advisor.estimate.stages import listening
@@ -446,6 +446,9 @@ def test_runs_at_the_batch_itself_go_only_where_the_batch_is_small_and_cheap_her
     assert runs_at_batch(1, 100 * MB) == AT_BATCH_RUNS - 1  # calibration_batches(1) already runs at 1
     assert runs_at_batch(AT_BATCH_BELOW, 100 * MB) == 0  # runs at fractions of it span enough
     assert runs_at_batch(8, int(HOST_SHARE * host_memory_bytes()) + 1) == 0  # not cheap on this host
+    # ... and the real traces then go at half the batch and the batch, not a quarter and a half
+    assert _trace_batches(8, at_batch=True) == (4, 8) and _trace_batches(4, at_batch=True) == (2, 4)
+    assert _trace_batches(8) == (2, 4) and _trace_batches(4) == (1, 2) and _trace_batches(64) == (16, 32)
 
 
 def test_a_small_batch_is_calibrated_with_runs_at_itself_that_weigh_in_and_are_kept(tmp_path, monkeypatch) -> None:
