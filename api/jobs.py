@@ -9,7 +9,9 @@ a process of its own (`python -m api.jobs JOB_ID`), which calls `run_tune` like 
   and its finished trials stay.
 - Restarts: a job process dies with its worker (PR_SET_PDEATHSIG). Jobs a dead worker left
   running go back to the queue (JobQueue.recover) and resume their study when claimed again: the
-  same request names the same study, whose interrupted trials are retried once.
+  same request names the same study, whose interrupted trials are retried once. A job that crashed
+  on a transient database error (a lock held past the busy timeout, a dropped connection) goes back
+  to the queue the same way, up to TRANSIENT_ATTEMPTS attempts in all.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0
 STOP_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL (s)
 CPU_SLOT = "cpu"
+# Attempts in all (claims) for a job that crashes on a transient database error: each resumes its study.
+TRANSIENT_ATTEMPTS = 3
 
 
 def tune_request(body: dict, *, db: str | None, ray_address: str | None) -> "TuneRequest":
@@ -100,6 +104,23 @@ class _Stop(BaseException):
     """SIGTERM in a job process: unwind (Ray shuts down in run_tune's finally), leave the status to the worker."""
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether a database error that may not happen again lies in the exception's chain: an
+    OperationalError (DB-API: an error of the database's operation, not of the program: a lock held
+    past the busy timeout, a dropped connection), raised as it is or wrapped (Optuna's RDB storage raises
+    StorageInternalError from it)."""
+    from sqlalchemy.exc import OperationalError
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OperationalError):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _what(exc: BaseException) -> str:
     """An exception and the one it was raised from, a line each at most: a library's wrapper (Optuna's
     StorageInternalError) says little without its cause (the database's own error)."""
@@ -138,6 +159,11 @@ def run_job(job_id: str, db: str) -> int:
         return 1
     except Exception as exc:
         log.exception("job %s crashed", job_id)
+        if transient(exc) and job.attempts < TRANSIENT_ATTEMPTS:
+            queue.finish(job_id, "queued", f"queued again after a transient database error ({_what(exc)})")
+            log.warning("job %s: queued again (attempt %d of %d) to resume its study", job_id, job.attempts,
+                        TRANSIENT_ATTEMPTS)
+            return 75  # EX_TEMPFAIL
         queue.finish(job_id, "failed", f"the job crashed ({_what(exc)}); its log on the worker has the traceback")
         return 1
     queue.finish(job_id, "finished")
