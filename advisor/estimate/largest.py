@@ -202,11 +202,7 @@ def _next_round(ev: Evaluator, usable: int, ran_at: int, fitted: int) -> int | N
 def _default_runs(ev: Evaluator) -> dict[int, list[int]]:
     """The calibration's resident-set runs under glibc's default allocator, as the user's run will be,
     by batch size (bytes); empty without a calibration from runs."""
-    by_batch: dict[int, list[int]] = {}
-    for b, resident, threshold in ev.calib.rss if isinstance(ev.calib, Calibration) else ():
-        if threshold is None:
-            by_batch.setdefault(b, []).append(resident)
-    return by_batch
+    return ev.calib.default_runs() if isinstance(ev.calib, Calibration) else {}
 
 
 def _run_limit(ev: Evaluator, usable: int) -> int:

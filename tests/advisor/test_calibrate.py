@@ -396,8 +396,9 @@ def test_the_next_near_round_runs_where_the_fit_strayed_or_where_the_runs_vouch_
 
 def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() -> None:
     """Evaluator.max_batch with a calibration from runs: what it keeps clear of the cap is RUN_NOISE of
-    the resident set at the answer (or the fit's spread where wider), not of the runs' own, which are
-    smaller than the answer's where the answer lies past them."""
+    the resident set at the answer (or the fit's spread, or the share that runs at one batch size
+    differed by, where wider), not of the runs' own, which are smaller than the answer's where the
+    answer lies past them."""
     import dataclasses
 
     from advisor.estimate.calibrate import RUN_NOISE, Calibration
@@ -416,6 +417,14 @@ def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() 
     # a fit that strays wider than RUN_NOISE keeps its spread clear instead
     wide = Evaluator(hw, req, bm, dataclasses.replace(base, spread=RUN_NOISE * at[64] + 10 * MB))
     assert wide.max_batch(cap) < 64 and wide.max_batch(int(at[64] + RUN_NOISE * at[64] + 10 * MB) + 1) == 64
+    # two runs at one batch size 6% apart: that share of the resident set at the answer is kept clear
+    twice = dataclasses.replace(base, rss=base.rss + ((4, int(12 * MB * 1.06), None),))
+    assert twice.repeat_noise() == pytest.approx(0.06 / 1.03)
+    noisy = Evaluator(hw, req, bm, twice)
+    assert noisy.max_batch(cap) < 64
+    assert noisy.max_batch(int(at[64] * (1 + twice.repeat_noise())) + 1) == 64
+    # a run with glibc's threshold fixed stands for another batch: no repeat
+    assert dataclasses.replace(base, rss=base.rss + ((4, 20 * MB, 4 * MB),)).repeat_noise() == 0.0
 
 
 def test_real_runs_at_the_batch_itself_draw_its_resident_set_n_over_n_plus_one_of_the_way() -> None:
