@@ -50,8 +50,9 @@ class Calibration(CpuCalibration):
     def margin(self, resident: float) -> float:
         """The spread, and at least RUN_NOISE of the resident set `resident` at the batch in question
         (bytes; the least noise `_fit` assumes of one run, and a run's noise grows with what is
-        resident), or the share that runs at one batch size differed by (`repeat_noise`) where wider: a fit through two points passes within bytes of both, yet the next run strays as
-        far as runs do here. tiny-gpt2 on 2026-11-24, uncalibrated with real peaks at 32 and 128 under
+        resident), or the share that runs at one batch size differed by (`repeat_noise`) where wider:
+        a fit through two points passes within bytes of both, yet the next run strays as far as runs
+        do here. tiny-gpt2 on 2026-11-24, uncalibrated with real peaks at 32 and 128 under
         a cap of 1.5x the larger: the answer's median of 3 runs came out 0.75 MB over with nothing
         kept clear, and 0.7 MB over (CI, 2026-11-25) with RUN_NOISE of the runs' median resident set
         kept clear, which is smaller than the answer's: the larger points carry more noise."""
