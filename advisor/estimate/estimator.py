@@ -249,7 +249,7 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
 
     from advisor.errors import TrialError
     from advisor.estimate import calcache
-    from advisor.estimate.calibrate import RUN_NOISE, calibrate_cpu, calibration_batches, mapped_regime_note
+    from advisor.estimate.calibrate import calibrate_cpu, calibration_batches, mapped_regime_note
 
     request = req.model_dump(mode="json")
     key = json.dumps([workload, workload_args or {}, fingerprint(), request, at_batch], sort_keys=True, default=str)
@@ -279,7 +279,7 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
     calib, bm = _CALIBRATIONS[key]
     notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}{reused}: "
                  f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps that, and "
-                 f"at least {RUN_NOISE:.0%} of its resident set, clear)")
+                 f"at least {calib.noise_share():.0%} of its resident set, clear)")
     fixed = sorted({(b, t) for b, _, t in calib.rss if t is not None})
     if fixed:
         notes.append(f"the runs at batch sizes {', '.join(str(b) for b, _ in fixed)} fixed glibc's mmap threshold at "
