@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,8 +16,7 @@ from typing import Callable, Iterator
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "test-token-0123456789"
+from api_common import ROOT, TOKEN, free_port
 
 
 @pytest.fixture
@@ -51,12 +49,6 @@ def make_client() -> Iterator[Callable[..., "object"]]:
     yield make
     for c in clients:
         c.__exit__(None, None, None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import TOKEN
+from api_common import TOKEN
 
 
 def test_health_catalog_and_openapi(seeded, make_client):

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from conftest import TOKEN
+from api_common import TOKEN
 
 EXAMPLES = 20  # per operation
 # Estimate and recommend build and trace the model when the generated workload is a real preset

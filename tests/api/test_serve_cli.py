@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from conftest import ROOT, free_port
+from api_common import ROOT, free_port
 
 
 def advisor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
