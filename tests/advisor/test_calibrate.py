@@ -398,11 +398,10 @@ def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() 
     """Evaluator.max_batch with a calibration from runs: what it keeps clear of the cap is a share of
     the resident set at the answer (not of the runs' own, which are smaller where the answer lies past
     them), or the fit's spread where wider. The share is the one that runs at one batch size differed
-    by, at least RUN_NOISE; where no batch size ran twice, RUN_NOISE for a calibration's runs and
-    UNREPEATED_NOISE for a fit on measured peaks alone."""
+    by, and at least UNREPEATED_NOISE, whether or not a batch size ran twice."""
     import dataclasses
 
-    from advisor.estimate.calibrate import RUN_NOISE, UNREPEATED_NOISE, Calibration
+    from advisor.estimate.calibrate import UNREPEATED_NOISE, Calibration
     from advisor.estimate.evaluator import Evaluator
 
     hw, req, bm = _tiny_gpt2(16)
@@ -410,34 +409,27 @@ def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() 
     ev = Evaluator(hw, req, bm, base)
     at = {b: ev.predicted_total(b) for b in (63, 64, 65)}
     assert at[63] < at[64] < at[65]
-    # the cap just holds batch 64 with RUN_NOISE of its own resident set clear
-    assert base.noise_share() == RUN_NOISE
-    cap = int(at[64] * (1 + RUN_NOISE)) + 1
+    # single runs: the cap just holds batch 64 with UNREPEATED_NOISE of its own resident set clear
+    assert base.noise_share() == UNREPEATED_NOISE
+    cap = int(at[64] * (1 + UNREPEATED_NOISE)) + 1
     assert ev.max_batch(cap) == 64
     assert ev.max_batch(cap - 2) == 63  # a byte less room at 64 than its noise: 63
-    assert at[65] + RUN_NOISE * 10 * MB < cap  # the noise at the runs' median (10 MB) alone would let 65 in
-    # the same two single runs as measured peaks alone: UNREPEATED_NOISE
-    peaks = dataclasses.replace(base, peaks_only=True)
-    assert peaks.noise_share() == UNREPEATED_NOISE > RUN_NOISE
-    assert Evaluator(hw, req, bm, peaks).max_batch(cap) < 64
-    assert Evaluator(hw, req, bm, peaks).max_batch(int(at[64] * (1 + UNREPEATED_NOISE)) + 1) == 64
-    # a fit that strays wider than RUN_NOISE keeps its spread clear instead
-    wide = Evaluator(hw, req, bm, dataclasses.replace(base, spread=RUN_NOISE * at[64] + 10 * MB))
-    assert wide.max_batch(cap) < 64 and wide.max_batch(int(at[64] + RUN_NOISE * at[64] + 10 * MB) + 1) == 64
-    # two runs at one batch size 6% apart: that share of the resident set at the answer is kept clear,
-    # measured peaks alone or not
-    twice = dataclasses.replace(base, rss=base.rss + ((4, int(12 * MB * 1.06), None),))
-    assert twice.repeat_noise() == pytest.approx(0.06 / 1.03) == twice.noise_share()
-    assert dataclasses.replace(twice, peaks_only=True).noise_share() == twice.repeat_noise()
+    assert at[65] + UNREPEATED_NOISE * 10 * MB < cap  # the noise at the runs' median (10 MB) alone would let 65 in
+    # two runs at one batch size 1% apart say little of the next run: still UNREPEATED_NOISE
+    quiet = dataclasses.replace(base, rss=base.rss + ((4, int(12 * MB * 1.01), None),))
+    assert quiet.noise_share() == UNREPEATED_NOISE and Evaluator(hw, req, bm, quiet).max_batch(cap) == 64
+    # a fit that strays wider keeps its spread clear instead
+    wide = Evaluator(hw, req, bm, dataclasses.replace(base, spread=UNREPEATED_NOISE * at[64] + 10 * MB))
+    assert wide.max_batch(cap) < 64
+    assert wide.max_batch(int(at[64] + UNREPEATED_NOISE * at[64] + 10 * MB) + 1) == 64
+    # two runs at one batch size 8% apart: that share of the resident set at the answer is kept clear
+    twice = dataclasses.replace(base, rss=base.rss + ((4, int(12 * MB * 1.08), None),))
+    assert twice.repeat_noise() == pytest.approx(0.08 / 1.04) == twice.noise_share()
     noisy = Evaluator(hw, req, bm, twice)
     assert noisy.max_batch(cap) < 64
     assert noisy.max_batch(int(at[64] * (1 + twice.repeat_noise())) + 1) == 64
-    # two runs 1% apart: RUN_NOISE, the least share kept, measured peaks alone too
-    quiet = dataclasses.replace(peaks, rss=base.rss + ((4, int(12 * MB * 1.01), None),))
-    assert quiet.noise_share() == RUN_NOISE
     # a run with glibc's threshold fixed stands for another batch: no repeat
-    fixed = dataclasses.replace(peaks, rss=base.rss + ((4, 20 * MB, 4 * MB),))
-    assert fixed.repeat_noise() == 0.0 and fixed.noise_share() == UNREPEATED_NOISE
+    assert dataclasses.replace(base, rss=base.rss + ((4, 20 * MB, 4 * MB),)).repeat_noise() == 0.0
 
 
 def test_real_runs_at_the_batch_itself_draw_its_resident_set_n_over_n_plus_one_of_the_way() -> None:
