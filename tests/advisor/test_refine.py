@@ -111,7 +111,7 @@ def test_cpu_measured_peaks_join_the_resident_set_fit_and_give_its_largest_batch
     note = next(n for n in est.notes if "refined by 2 measured peak(s)" in n)
     assert "0.70 x transient + 60 MiB" in note, note
     # The recovered model meets the cap at 600, and with a run's noise at its resident set kept clear
-    # (UNREPEATED_NOISE: no batch size ran twice) a little below; the cautious slope, two posterior
+    # (UNREPEATED_NOISE, the least share kept) a little below; the cautious slope, two posterior
     # SDs steeper, is barely steeper where the points span far past their noise, so the answer stays
     # near that.
     steep = next(n for n in est.notes if "posterior SDs steeper" in n)
