@@ -309,12 +309,13 @@ def test_measured_peaks_under_an_eighth_of_the_batch_stay_out_of_a_calibrated_fi
 
 
 def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_them() -> None:
-    """`_vouched_by_runs` on tiny-gpt2's real batch model: the runs' worst and their noise kept clear,
+    """`_vouched_by_runs` on tiny-gpt2's real batch model: the runs' worst and their noise (the
+    calibration's noise_share, as the margin keeps) kept clear,
     each sample past them at the steep slope's largest growth, at most NEAR past them, never up to a
     batch whose runs measured over, and only runs under glibc's default count."""
     import dataclasses
 
-    from advisor.estimate.calibrate import Calibration
+    from advisor.estimate.calibrate import UNREPEATED_NOISE, Calibration
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import RUN_STEP_SLOPE, _vouched_by_runs
 
@@ -329,7 +330,7 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     one = steep.predicted_total(21) - steep.predicted_total(20)  # a sample's growth past 20, at the steep slope
     assert one > 0
     worst = 300 * MB
-    clear = worst + 0.02 * worst  # the worst run and RUN_NOISE of it (the runs spread less)
+    clear = worst * (1 + UNREPEATED_NOISE)  # the worst run and UNREPEATED_NOISE of it (the runs spread less)
     runs = [(20, 297 * MB, None), (20, worst, None)]
     assert vouched(runs, clear + one + 1) == 21
     assert vouched(runs, clear + one - 1) == 20  # the runs' own batch, no further
@@ -338,8 +339,9 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     assert vouched(runs + [(22, 2 * worst, None)], clear + 100 * one) == 21  # a run measured over at 22
     assert vouched(runs, clear + 100 * one, fitted=22) is None  # the fit's answer is as large
     assert vouched([(20, 297 * MB, 4 << 20), (20, worst, 4 << 20)], clear + one + 1) is None  # threshold fixed
-    wide = [(20, 270 * MB, None), (20, worst, None)]  # runs 30 MB apart: their spread is the noise kept clear
-    assert vouched(wide, worst + 30 * MB + one + 1) == 21 and vouched(wide, clear + one + 1) is None
+    wide = [(20, 270 * MB, None), (20, worst, None)]  # runs 30 MB apart: their share of the median is kept clear
+    wide_clear = worst * (1 + 30 / 285)
+    assert vouched(wide, wide_clear + one + 1) == 21 and vouched(wide, clear + one + 1) is None
 
 
 def test_no_answer_reaches_a_batch_whose_runs_measured_over_the_cap() -> None:
@@ -372,7 +374,7 @@ def test_the_next_near_round_runs_where_the_fit_strayed_or_where_the_runs_vouch_
     run has been; else nowhere."""
     import dataclasses
 
-    from advisor.estimate.calibrate import Calibration
+    from advisor.estimate.calibrate import UNREPEATED_NOISE, Calibration
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import RUN_STEP_SLOPE, _next_round
 
@@ -384,7 +386,7 @@ def test_the_next_near_round_runs_where_the_fit_strayed_or_where_the_runs_vouch_
 
     steep = Evaluator(hw, req, bm, Calibration(intercept=0.0, slope=RUN_STEP_SLOPE))
     one = steep.predicted_total(21) - steep.predicted_total(20)
-    clear = 300 * MB * 1.02  # runs of 300 MB at 20 and their noise
+    clear = 300 * MB * (1 + UNREPEATED_NOISE)  # runs of 300 MB at 20 and their noise
     at20 = [(20, 300 * MB, None), (20, 300 * MB, None)]
     assert next_round(at20, clear + 100 * one, 20, 30) == 30  # the fit strayed past NEAR: run there
     assert next_round(at20, clear + 100 * one, 20, 20) == 22  # the runs vouch for 22: check it
