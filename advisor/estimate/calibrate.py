@@ -29,7 +29,7 @@ from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CPU_DEFAULT, CpuCalibration
 from advisor.estimate.strategy import (MMAP_FROM_BYTES, MMAP_THRESHOLD_MAX, mmap_from,
-                                       persistent_transient, resident_parts, scaled_curve)
+                                       persistent_transient, resident_terms, scaled_curve)
 from advisor.estimate.trace import ACTIVATIONS, INPUTS, Trace, load_trace
 from advisor.measure import MeasureRequest, MeasureResult, measure
 
@@ -304,14 +304,14 @@ def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple
     each run's allocations split into heap-served and mapped at the size its glibc mapped from."""
     split = [_split(req, bm, b, mmap_from(t)) for b, _, t in rss]
     # kernels' hidden buffers join the heap-served part; mapped allocations count once, at their own moments
-    heap = [int(h + ratio * (h + m)) for _, h, m, _ in split]
-    return _fit(heap, [r - p - over for (_, r, _), (p, _, _, over) in zip(rss, split)], [r for _, r, _ in rss])
+    heap = [int(above + ratio * (h + m)) for _, h, m, _, above in split]
+    return _fit(heap, [r - p - over for (_, r, _), (p, _, _, over, _) in zip(rss, split)], [r for _, r, _ in rss])
 
 
-def _split(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int, int]:
-    """strategy.resident_parts of batch b's curve."""
+def _split(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int, int, int]:
+    """strategy.resident_terms of batch b's curve."""
     tr = bm.at(b)
-    return resident_parts(scaled_curve(req, tr, 1), tr.synthetic, tr.untouched, mapped_from)
+    return resident_terms(scaled_curve(req, tr, 1), tr.synthetic, tr.untouched, mapped_from)
 
 
 # The share of a target's transient peak in mapped allocations from which a crossing is worth a warning.
@@ -321,7 +321,7 @@ MAPPED_REGIME_SHARE = 0.25
 def mapped_share(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int = MMAP_FROM_BYTES) -> float:
     """The share of batch b's transient peak held by allocations glibc maps on their own (0-1), for
     a glibc that maps requests from `mapped_from` bytes up."""
-    _, heap, mapped, _ = _split(req, bm, b, mapped_from)
+    _, heap, mapped, _, _ = _split(req, bm, b, mapped_from)
     return mapped / (heap + mapped) if heap + mapped > 0 else 0.0
 
 

@@ -10,7 +10,7 @@ from advisor.estimate.cuda_alloc import cublas_workspace_bytes
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
 from advisor.estimate.refine import Refinement
-from advisor.estimate.strategy import mmap_from, peak_breakdown, resident_parts, scaled_curve, touched_peak
+from advisor.estimate.strategy import mmap_from, peak_breakdown, resident_terms, scaled_curve, touched_peak
 from advisor.estimate.trace import Trace
 from advisor.hardware.spec import HardwareSpec
 
@@ -48,14 +48,15 @@ class Evaluator:
         return tr, allocated, parts, ov
 
     def _cpu_terms(self, curve, tr: Trace, mmap_threshold: int | None = None) -> tuple[int, int, int, int]:
-        """(persistent peak, heap-served transient peak, what mapped transient allocations add to the
-        persistent peak (strategy.resident_parts), kernels' hidden buffers) of a CPU curve (bytes): what
-        the resident-set model takes, under glibc's default allocator or one whose mmap threshold a run fixed."""
-        persistent, heap, mapped, over = resident_parts(curve, tr.synthetic, tr.untouched, mmap_from(mmap_threshold))
-        return persistent, heap, over, (self.calib.hidden(heap + mapped) if self.calib else 0)
+        """(persistent peak, heap-served transient bytes over it where they live together, what mapped
+        transient allocations add to the persistent peak (strategy.resident_terms), kernels' hidden
+        buffers) of a CPU curve (bytes): what the resident-set model takes, under glibc's default
+        allocator or one whose mmap threshold a run fixed."""
+        persistent, heap, mapped, over, above = resident_terms(curve, tr.synthetic, tr.untouched, mmap_from(mmap_threshold))
+        return persistent, above, over, (self.calib.hidden(heap + mapped) if self.calib else 0)
 
     def transient(self, b: int, mmap_threshold: int | None = None) -> int:
-        """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones plus
+        """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones over the persistent peak plus
         kernels' hidden buffers, as in `at`), in a run with this glibc mmap threshold (None: glibc's default)."""
         tr = self.bm.at(b)
         _, heap, _, hidden = self._cpu_terms(scaled_curve(self.req, tr, self.hw.world_size), tr, mmap_threshold)
