@@ -6,7 +6,9 @@ stacks and oneDNN buffers. Measured here, that extra grows with the live peak (0
 by model) rather than being a constant, and a replay of the traced allocations through a model
 of glibc's heap explained under a tenth of it (the rest is allocations tensors never see), so
 the CPU resident set is fitted as `persistent + slope x transient + intercept` from short real runs at small
-batch sizes on this CPU (calibrate.py), with the defaults below when no run is allowed. Transient
+batch sizes on this CPU (calibrate.py), with the defaults below when no run is allowed; `transient` is the
+heap-served transient bytes over the persistent peak where they live beside the persistent bytes
+(strategy.resident_terms), as the heap serves gradients from activations' freed chunks. Transient
 allocations that glibc maps on their own (32 MiB and up) are resident only while live, so they count
 once, apart from the heap-served ones, at their own moments of the step (strategy.resident_parts).
 """
@@ -23,11 +25,13 @@ MB = 1024 * 1024
 
 @dataclass(frozen=True)
 class CpuCalibration:
-    """Peak resident set = persistent peak + slope x transient peak + intercept (bytes).
+    """Peak resident set = persistent peak + slope x transient + intercept (bytes).
 
     Persistent: parameters, gradients, optimizer state (big, long-lived: resident once each).
-    Transient: activations and temporaries, whose freed memory stays partly resident in glibc's
-    heap while the later phases allocate elsewhere; `slope` says how much, fitted on this CPU.
+    Transient: heap-served activations and temporaries over the persistent peak where they live
+    beside the persistent bytes (strategy.resident_terms); their freed memory stays partly resident
+    in glibc's heap while the later phases allocate elsewhere; `slope` says how much, fitted on this
+    CPU.
     """
 
     intercept: float  # bytes
@@ -46,8 +50,9 @@ class CpuCalibration:
         return self.spread
 
     def resident(self, persistent: int, transient: int, mapped: int = 0) -> int:
-        """`transient`: heap-served transient peak; `mapped`: what transient allocations glibc maps on
-        their own add to the persistent peak where they live (strategy.resident_parts): resident only
+        """`transient`: heap-served transient bytes over the persistent peak (strategy.resident_terms);
+        `mapped`: what transient allocations glibc maps on their own add to the persistent peak where
+        they live (strategy.resident_parts): resident only
         while they live, they add nothing at moments they are not."""
         return int(persistent + self.slope * transient + mapped + self.intercept)
 
@@ -66,7 +71,11 @@ class CpuCalibration:
 # only, its runs spanning too little to fit a slope): intercepts 91-121 MiB, slopes 0.5-1.5. It
 # says nothing certain about another machine's allocator or libraries: calibrate where the
 # target is this CPU. (The earlier 150 MiB + 1.3x was fitted on resident sets that included the
-# launching process's own; see advisor/procmem.py.)
+# launching process's own; see advisor/procmem.py.) Fitted when `transient` was the heap-served
+# transient peak, not refitted since it became the part over the persistent peak (session 23): on
+# the accuracy grid's 31 calibrations from batch 16 up, the new term's fits have a median slope of
+# 1.16 and intercept of 127 MiB (the old term's: 1.15 and 114 MiB), so uncalibrated estimates may
+# sit lower by that intercept's difference.
 CPU_DEFAULT = CpuCalibration(intercept=100 * MB, slope=1.15)
 
 

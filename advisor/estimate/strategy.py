@@ -123,8 +123,8 @@ def resident_terms(curve: np.ndarray, synthetic: bool = False, untouched: np.nda
     chunks: where the largest activations are freed before gradients and optimizer state reach their
     peak, the heap serves those from the freed chunks. vit-b16 at 112 px, fp32 adamw: a heap-served
     transient peak of 58-232 MiB at batch 2-8 and 464 MiB at 16, yet 19-21 MiB over the persistent peak
-    at 2-8 and 146 MiB at 16, and its resident set grew 8 MiB from 8 to 16 (session 23's probe,
-    BENCHMARKS.md). A synthetic curve: the heap-served transient peak."""
+    at 2-8 and 146 MiB at 16; a run at 8 measured 1676 MiB and three at 16 1669-1689 (session 23's
+    probe, bench/BENCHMARKS.calibration.md). A synthetic curve: the heap-served transient peak."""
     if len(curve) == 0:
         return 0, 0, 0, 0, 0
     persistent, heap, mapped = split_over_step(curve, None if synthetic else untouched, mapped_from)
