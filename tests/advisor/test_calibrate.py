@@ -145,6 +145,34 @@ def test_a_mapped_activation_adds_to_the_long_lived_bytes_of_its_own_moments_onl
     assert resident_parts(curve(20), synthetic=True) == (114 * mib, 50 * mib, 0, 0)
 
 
+def test_the_slope_takes_the_heap_served_bytes_over_the_persistent_peak_where_they_live_beside_it():
+    """strategy.resident_terms' last item: max over the step of persistent(t) + heap(t), less the
+    persistent peak. An activation freed before the gradients and state peak adds nothing there (the
+    heap serves them from its chunk); one that outlives part of them adds what it holds beside them.
+    The heap-served transient peak is the same in both."""
+    import numpy as np
+
+    from advisor.estimate.strategy import resident_terms
+    from advisor.estimate.trace import ACTIVATIONS, CATEGORY_NAMES, GRADS, OPT_STATE, PARAMS
+
+    mib = 1 << 20
+
+    def curve(steps):
+        onehot = np.zeros((len(steps), len(CATEGORY_NAMES)), np.int64)
+        for i, (cat, n) in enumerate(steps):
+            onehot[i, cat] = n * mib
+        return np.cumsum(onehot, axis=0)
+
+    # a 20 MiB activation; 10 MiB of gradients while it lives; freed; 20 more of gradients, 30 of state
+    freed_first = curve([(PARAMS, 64), (ACTIVATIONS, 20), (GRADS, 10), (ACTIVATIONS, -20), (GRADS, 20), (OPT_STATE, 30)])
+    assert resident_terms(freed_first) == (124 * mib, 20 * mib, 0, 0, 0)
+    # all 30 MiB of gradients while it lives, and no state: it lies 20 MiB over the persistent peak
+    outlives = curve([(PARAMS, 64), (ACTIVATIONS, 20), (GRADS, 30), (ACTIVATIONS, -20)])
+    assert resident_terms(outlives) == (94 * mib, 20 * mib, 0, 0, 20 * mib)
+    # a synthetic curve (peak moments, no events): the heap-served transient peak, as before
+    assert resident_terms(freed_first, synthetic=True)[-1] == 20 * mib
+
+
 def test_bytes_a_kernel_never_writes_stay_out_of_the_resident_set_of_a_mapped_allocation():
     import numpy as np
 
