@@ -56,8 +56,9 @@ class Evaluator:
         return persistent, above, over, (self.calib.hidden(heap + mapped) if self.calib else 0)
 
     def transient(self, b: int, mmap_threshold: int | None = None) -> int:
-        """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones over the persistent peak plus
-        kernels' hidden buffers, as in `at`), in a run with this glibc mmap threshold (None: glibc's default)."""
+        """CPU: the transient bytes the resident-set slope multiplies at batch b (heap-served ones over
+        the persistent peak, plus kernels' hidden buffers, as in `at`), in a run with this glibc mmap
+        threshold (None: glibc's default)."""
         tr = self.bm.at(b)
         _, heap, _, hidden = self._cpu_terms(scaled_curve(self.req, tr, self.hw.world_size), tr, mmap_threshold)
         return heap + hidden

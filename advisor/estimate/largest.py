@@ -230,14 +230,15 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) 
     where a run at 14 measured 2.28 GB and the real largest is 16; session 16's fit answered 13 after
     two runs at 14 of at most 2.31 GB, and they vouched for 15). From the largest batch b0 whose every run
     under glibc's default measured within the cap less its own noise (the calibration's `noise_share` of
-    the worst run, as the margin keeps; it covers the runs' own spread there), a batch up to NEAR x b0 further is vouched for while b0's worst run plus (b - b0) x
-    the steepest per-sample growth of the batch model (at RUN_STEP_SLOPE) stays there too: each
+    the worst run, as the margin keeps; it covers the runs' own spread there), a batch up to NEAR x b0
+    further is vouched for while b0's worst run plus (b - b0) x the steepest per-sample growth of the batch model (at RUN_STEP_SLOPE) stays there too: each
     phase's resident set grows no faster than the largest growth of the live peak. Never up to a
     larger batch whose runs measured over."""
     by_batch = _default_runs(ev)
+    if not by_batch:  # no runs (and then no Calibration to take their noise from)
+        return None
     limit = _run_limit(ev, usable)
-
-    share = ev.calib.noise_share()  # by_batch holds runs, so ev.calib is a Calibration
+    share = ev.calib.noise_share()
 
     def room(rs: list[int]) -> float:  # under the limit, the worst run and its noise kept clear (bytes)
         return limit - (1 + share) * max(rs)

@@ -73,7 +73,7 @@ class CpuCalibration:
 # target is this CPU. (The earlier 150 MiB + 1.3x was fitted on resident sets that included the
 # launching process's own; see advisor/procmem.py.) Fitted when `transient` was the heap-served
 # transient peak, not refitted since it became the part over the persistent peak (session 23): on
-# the accuracy grid's 31 calibrations from batch 16 up, the new term's fits have a median slope of
+# the accuracy grid's 32 calibrations from batch 16 up, the new term's fits have a median slope of
 # 1.16 and intercept of 127 MiB (the old term's: 1.15 and 114 MiB), so uncalibrated estimates may
 # sit lower by that intercept's difference.
 CPU_DEFAULT = CpuCalibration(intercept=100 * MB, slope=1.15)

@@ -81,16 +81,16 @@ def test_estimate_uses_only_points_of_its_own_configuration(tmp_path: Path) -> N
 # --- synthetic recorded points: deterministic --------------------------------------------------
 
 def _resident_parts(workload: str, batches: tuple[int, ...]) -> dict[int, tuple[int, int, int]]:
-    """(persistent, heap-served transient, mapped transient over the persistent peak) bytes at each
-    batch: the terms of the CPU resident-set model the estimator fits (overhead.CpuCalibration), from
-    its own traces (strategy.resident_parts)."""
+    """(persistent, heap-served transient over the persistent peak, mapped transient over the persistent
+    peak) bytes at each batch: the terms of the CPU resident-set model the estimator fits
+    (overhead.CpuCalibration), from its own traces (strategy.resident_terms)."""
     from advisor.estimate.estimator import _batch_model
-    from advisor.estimate.strategy import resident_parts, scaled_curve
+    from advisor.estimate.strategy import resident_terms, scaled_curve
 
     req = EstimateRequest(batch_size=batches[0])
     bm = _batch_model(load_workload(workload), req, cpu=True)
-    parts = {b: resident_parts(scaled_curve(req, bm.at(b), 1), bm.at(b).synthetic, bm.at(b).untouched) for b in batches}
-    return {b: (p, h, over) for b, (p, h, _, over) in parts.items()}
+    parts = {b: resident_terms(scaled_curve(req, bm.at(b), 1), bm.at(b).synthetic, bm.at(b).untouched) for b in batches}
+    return {b: (p, above, over) for b, (p, _, _, over, above) in parts.items()}
 
 
 def test_cpu_measured_peaks_join_the_resident_set_fit_and_give_its_largest_batch(tmp_path: Path) -> None:
