@@ -22,8 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from advisor.estimate.estimator import _batch_model, _make_request
-from advisor.estimate.calibrate import RUN_NOISE, SLOPE_PRIOR_SD, calibrate_cpu
-from advisor.estimate.overhead import CPU_DEFAULT
+from advisor.estimate.calibrate import RUN_NOISE, SLOPE_PRIOR_MEAN, SLOPE_PRIOR_SD, calibrate_cpu
 from advisor.estimate.evaluator import Evaluator
 from advisor.estimate.strategy import mmap_from, scaled_curve, split_over_step, touched_peak
 from advisor.hardware import get_hardware
@@ -48,7 +47,7 @@ def fitB(req, bm, runs, ratio):
         R = np.array([regress(req, bm, b, s, ratio, t) for b, _, t in runs])
         i = float(np.mean(res - R))
         sse = float(((res - R - i) ** 2).sum())
-        obj = sse / noise_var + ((s - CPU_DEFAULT.slope) / SLOPE_PRIOR_SD) ** 2
+        obj = sse / noise_var + ((s - SLOPE_PRIOR_MEAN) / SLOPE_PRIOR_SD) ** 2
         if best is None or obj < best[0]:
             best = (obj, s, i)
     return best[1], best[2]

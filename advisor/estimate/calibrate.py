@@ -239,19 +239,26 @@ RUN_NOISE = 0.02
 # 5.0%, largest 14%). A fit through runs that came out that low sits that far under the median the
 # user's run will see.
 UNREPEATED_NOISE = 0.05
-# How far a workload's slope strays from the default's: fitted slopes span 0.5-1.5 across presets.
+# Where a calibration's runs say little of the slope, it is drawn toward this one: the median slope
+# of calibrations here (the accuracy grid's 32 from batch 16 up, session 23: 1.16). Not the
+# uncalibrated default's (overhead.CPU_DEFAULT, median 1.53), fitted through runs from an eighth of a
+# batch to the batch itself: across that range the resident set grows more per transient byte than
+# within a calibration's runs, which lie within a few times of each other.
+SLOPE_PRIOR_MEAN = 1.15
+# How far a workload's slope strays from the prior's: fitted slopes span 0.5-1.9 across presets.
 SLOPE_PRIOR_SD = 0.35
 
 
 def slope_precision(sxx: float, noise_var: float) -> float:
     """1 / variance of the resident-set slope's posterior: the runs' centred transient spread `sxx`
-    (bytes^2) over their noise variance, plus the normal prior's (SLOPE_PRIOR_SD about the default)."""
+    (bytes^2) over their noise variance, plus the normal prior's (SLOPE_PRIOR_SD about its mean)."""
     return sxx / noise_var + 1.0 / SLOPE_PRIOR_SD ** 2
 
 
-def _fit(transient: list[int], extra: list[float], resident: list[int]) -> tuple[float, float, float]:
-    """extra = intercept + slope x transient, by least squares with the slope drawn toward the
-    default's (the posterior mean under a normal prior on it): where the runs' transient bytes span
+def _fit(transient: list[int], extra: list[float], resident: list[int],
+         prior: float = SLOPE_PRIOR_MEAN) -> tuple[float, float, float]:
+    """extra = intercept + slope x transient, by least squares with the slope drawn toward `prior`
+    (the posterior mean under a normal prior on it): where the runs' transient bytes span
     little next to their noise, they say little about the slope, and three single runs would
     otherwise hand the extrapolation whatever slope their noise suggests. The noise is the larger
     of RUN_NOISE of the runs' resident set and what the runs stray from a free fit. Also the
@@ -263,7 +270,7 @@ def _fit(transient: list[int], extra: list[float], resident: list[int]) -> tuple
     if len(x) > 2 and sxx > 0:
         free = float(xc @ yc) / sxx
         noise_var = max(noise_var, float(((yc - free * xc) ** 2).sum()) / (len(x) - 2))
-    slope = (float(xc @ yc) / noise_var + CPU_DEFAULT.slope / SLOPE_PRIOR_SD ** 2) / slope_precision(sxx, noise_var)
+    slope = (float(xc @ yc) / noise_var + prior / SLOPE_PRIOR_SD ** 2) / slope_precision(sxx, noise_var)
     slope = float(np.clip(slope, *SLOPE_BOUNDS))
     intercept = float(np.mean(y - slope * x))
     return intercept, slope, float(np.abs(y - slope * x - intercept).max())
@@ -299,13 +306,16 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
                        used_real_traces=use_real, rss=rss), chosen
 
 
-def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple[Run, ...]):
+def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple[Run, ...],
+                  prior: float = SLOPE_PRIOR_MEAN):
     """(intercept, slope, spread) of resident - persistent = intercept + slope x transient over the runs,
-    each run's allocations split into heap-served and mapped at the size its glibc mapped from."""
+    each run's allocations split into heap-served and mapped at the size its glibc mapped from; the
+    slope drawn toward `prior` (`_fit`)."""
     split = [_split(req, bm, b, mmap_from(t)) for b, _, t in rss]
     # kernels' hidden buffers join the heap-served part; mapped allocations count once, at their own moments
     heap = [int(above + ratio * (h + m)) for _, h, m, _, above in split]
-    return _fit(heap, [r - p - over for (_, r, _), (p, _, _, over, _) in zip(rss, split)], [r for _, r, _ in rss])
+    extra = [r - p - over for (_, r, _), (p, _, _, over, _) in zip(rss, split)]
+    return _fit(heap, extra, [r for _, r, _ in rss], prior)
 
 
 def _split(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int, int, int]:
@@ -387,11 +397,12 @@ def with_measured_peaks(req: EstimateRequest, bm: BatchModel, first: Calibration
     """The resident-set fit again with measured peaks (batch size, resident-set increase in bytes,
     DESIGN.md's CPU protocol; the glibc mmap threshold the run fixed, None for a trial) as more runs beside `first`'s, each weighing like one of them: a trial's
     resident set is one run, as noisy as any (identical runs here differ by up to ~10%). Without a
-    first calibration the points are the only runs: one fixes the intercept under the default's slope,
-    more draw the slope toward it as their span allows (`_fit`). No run is made here."""
+    first calibration the points are the only runs: one fixes the intercept under the uncalibrated
+    default's slope, more draw the slope toward it as their span allows (`_fit`). No run is made here."""
     ratio = first.hidden_ratio if first is not None else 0.0
     rss = (first.rss if first is not None else ()) + tuple(points)
-    intercept, slope, spread = _fit_resident(req, bm, ratio, rss)
+    prior = SLOPE_PRIOR_MEAN if first is not None else CPU_DEFAULT.slope
+    intercept, slope, spread = _fit_resident(req, bm, ratio, rss, prior)
     return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=ratio,
                        batches=tuple(sorted({b for b, _, _ in rss})),
                        used_real_traces=first.used_real_traces if first is not None else False, rss=rss)

@@ -21,9 +21,8 @@ import numpy as np
 
 from advisor.config import Strategy
 from advisor.estimate.batchmodel import BatchModel
-from advisor.estimate.calibrate import SLOPE_PRIOR_SD, Calibration, Run
+from advisor.estimate.calibrate import SLOPE_PRIOR_MEAN, SLOPE_PRIOR_SD, Calibration, Run
 from advisor.estimate.evaluator import Evaluator
-from advisor.estimate.overhead import CPU_DEFAULT
 from advisor.estimate.refine import CAUTION, cautious
 from advisor.estimate.stages import report
 from advisor.estimate.trace import Trace
@@ -38,9 +37,9 @@ from advisor.workload import Workload
 # round ran at, up to NEAR_ROUNDS rounds in all.
 NEAR, NEAR_ROUNDS = 0.1, 3
 # Resident bytes per transient live byte that a sample past a real run adds at most, where its runs
-# vouch for a larger batch than the fit (`_vouched_by_runs`): the steepest slope fitted across the
-# presets (1.5; calibrate.SLOPE_PRIOR_SD), or the calibration's own where steeper.
-RUN_STEP_SLOPE = CPU_DEFAULT.slope + SLOPE_PRIOR_SD
+# vouch for a larger batch than the fit (`_vouched_by_runs`): one SD over the calibrations' prior
+# slope (1.5; calibrate.SLOPE_PRIOR_MEAN), or the calibration's own where steeper.
+RUN_STEP_SLOPE = SLOPE_PRIOR_MEAN + SLOPE_PRIOR_SD
 # ... and never this many times past the largest batch already run. The host-share bound above
 # trusts the batch model being checked; this one does not: a model that barely grows (it happened,
 # bf16 traces whose frees came in another order, fixed in batchmodel.py) would send a real run to

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from advisor.estimate import estimate_memory
-from advisor.estimate.calibrate import _fit, _trace_batches, calibration_batches
-from advisor.estimate.overhead import CPU_DEFAULT
+from advisor.estimate.calibrate import SLOPE_PRIOR_MEAN, _fit, _trace_batches, calibration_batches
 from advisor.estimate.strategy import mmap_from
 from advisor.estimate.stages import listening
 from advisor.hardware import get_hardware
@@ -22,14 +21,16 @@ MB = 1_000_000
 MiB = 1 << 20
 
 
-def test_runs_spanning_little_next_to_their_noise_keep_the_slope_near_the_default() -> None:
+def test_runs_spanning_little_next_to_their_noise_keep_the_slope_near_the_prior() -> None:
     # Three runs of ~400 MB (noise >= 8 MB each) whose transient bytes span 4 MB: a free fit would
     # take slope 3 from them, past the bounds; they say next to nothing about it.
     _, slope, _ = _fit([100 * MB, 102 * MB, 104 * MB], [200 * MB, 206 * MB, 212 * MB], [400 * MB] * 3)
-    assert slope == pytest.approx(CPU_DEFAULT.slope, abs=0.05)
-    # One run: the default's slope, and the intercept puts the fit through the run.
+    assert slope == pytest.approx(SLOPE_PRIOR_MEAN, abs=0.05)
+    # One run: the prior's slope, and the intercept puts the fit through the run.
     intercept, slope, spread = _fit([100 * MB], [250 * MB], [400 * MB])
-    assert slope == CPU_DEFAULT.slope and intercept + slope * 100 * MB == pytest.approx(250 * MB) and spread < 1
+    assert slope == SLOPE_PRIOR_MEAN and intercept + slope * 100 * MB == pytest.approx(250 * MB) and spread < 1
+    # Another prior (the uncalibrated default's, where measured peaks refine no calibration): its slope.
+    assert _fit([100 * MB], [250 * MB], [400 * MB], prior=1.4)[1] == pytest.approx(1.4)
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 4, 7, 8, 9, 12, 15, 16, 17, 64, 1000])
@@ -51,7 +52,7 @@ def test_runs_spanning_far_past_their_noise_give_their_own_slope() -> None:
     noisy = [e + d for e, d in zip(extra, (60 * MB, -60 * MB, 60 * MB, -60 * MB))]
     _, pulled, _ = _fit(transient, noisy, [e + 300 * MB for e in noisy])
     free = float(np.polyfit(transient, noisy, 1)[0])
-    assert free < pulled < CPU_DEFAULT.slope
+    assert free < pulled < SLOPE_PRIOR_MEAN
 
 
 def test_largest_batch_is_resolved_again_near_itself() -> None:
@@ -471,7 +472,7 @@ def test_real_runs_at_the_batch_itself_draw_its_resident_set_n_over_n_plus_one_o
     from advisor.estimate.evaluator import Evaluator
 
     hw, req, bm = _tiny_gpt2(8)
-    base = Calibration(intercept=90 * MiB, slope=CPU_DEFAULT.slope, rss=((2, 100 * MB, None),), batches=(2,))
+    base = Calibration(intercept=90 * MiB, slope=SLOPE_PRIOR_MEAN, rss=((2, 100 * MB, None),), batches=(2,))
     line = {b: Evaluator(hw, req, bm, base).total(b)[0] for b in (8, 16)}
     runs = ((8, line[8] + 30 * MB, None), (8, line[8] + 60 * MB, None), (8, line[8] + 300 * MB, 4 << 20))
     calib = replace(base, rss=base.rss + runs, batches=(2, 8))
