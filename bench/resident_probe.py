@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Offline: which transient term the CPU resident-set fit should multiply, on the same runs.
+"""Offline: the CPU resident-set model's choices (its transient term, its uncalibrated default), on the same runs.
 
     ADVISOR_DATA_DIR=$(mktemp -d) .venv/bin/python bench/resident_probe.py collect \
         --cases bench/results/accuracy.json --min-batch 16 --out $TMP/probe.jsonl
@@ -9,7 +9,8 @@
 (`estimate_memory(..., calibrate=True, measured=False)`, so its own real runs at fractions of the
 batch), each run's terms from the chosen batch model's trace (strategy.resident_terms under the mmap
 threshold the run fixed), the terms at the batch, and three fresh real runs at the batch on this
-machine (DESIGN.md's CPU protocol): one JSON line per case, appended as each case finishes.
+machine (DESIGN.md's CPU protocol): one JSON line per case, appended as each case finishes; cases
+already in `--out` are skipped, so an interrupted collection goes on where it stopped.
 
 `compare`: the resident set at the batch fitted as calibrate._fit does (the slope's prior, the
 runs' noise), on each recorded calibration's runs, with the transient term taken as
@@ -19,6 +20,18 @@ runs' noise), on each recorded calibration's runs, with the transient term taken
 against the median of the three runs here. Kernels' hidden buffers join either term as the
 estimator adds them. A tool for deciding the resident-set model (bench/BENCHMARKS.calibration.md,
 "Session 23"), not a benchmark of a goal.
+
+The uncalibrated default (overhead.CPU_DEFAULT), fitted on presets outside the accuracy grid:
+
+    ADVISOR_DATA_DIR=$(mktemp -d) .venv/bin/python bench/resident_probe.py collect --presets --out $TMP/default.jsonl
+    .venv/bin/python bench/resident_probe.py default $TMP/default.jsonl [--check OTHER.jsonl ...]
+
+`collect --presets` collects the same records for DEFAULT_CASES; `default` fits each record's line
+by plain least squares, without a prior, through all of its runs (the calibration's and the three at
+the batch), with the term the uncalibrated estimate takes (heap-served bytes over the persistent
+peak, no kernels' hidden buffers: without runs there is no hidden ratio), and prints the medians of
+the intercepts and slopes, and each default's error at the batch against the median of the three
+runs there, on these records and on `--check`'s.
 """
 
 from __future__ import annotations
@@ -36,10 +49,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from advisor.estimate import calibrate, estimator  # noqa: E402
+from advisor.estimate.overhead import CPU_DEFAULT, MB as MiB, CpuCalibration  # noqa: E402
 from advisor.estimate.strategy import mmap_from, peak_breakdown, resident_terms, scaled_curve  # noqa: E402
 from advisor.measure import MeasureRequest, measure  # noqa: E402
 
 REAL_RUNS = 3
+
+# Presets outside the accuracy grid (bench/estimate_accuracy.py), at batches where the resident set
+# is 0.15-0.5 GB here: the uncalibrated default's fitting set (`collect --presets`).
+DEFAULT_CASES = [(w, a, b, p, o) for w, a, b in [
+    ("tiny-gpt2", {}, 256), ("tiny-resnet", {}, 1024), ("resnet18", {"image_size": 64}, 64),
+    ("mlp", {"hidden": 1024}, 4096), ("tiny-lstm", {}, 512), ("tiny-unet", {}, 128), ("tiny-bert", {}, 128),
+    ("tiny-vit", {}, 512), ("tiny-dlrm", {}, 16384), ("tiny-llama", {}, 128)]
+    for p, o in [("fp32", "adamw"), ("bf16", "sgd-momentum")]]
+
+
+def default_cases() -> list[dict]:
+    return [dict(key=f"{w}{a or ''}|{p}|{o}|b{b}", workload=w, workload_args=a, batch_size=b, precision=p, optimizer=o)
+            for w, a, b, p, o in DEFAULT_CASES]
 
 
 def terms(req, bm, calib, b: int, threshold: int | None) -> dict[str, int]:
@@ -52,7 +79,10 @@ def terms(req, bm, calib, b: int, threshold: int | None) -> dict[str, int]:
 
 
 def collect(args) -> None:
-    cases = [c for c in json.loads(Path(args.cases).read_text())["cases"] if c["batch_size"] >= args.min_batch]
+    cases = default_cases() if args.presets else json.loads(Path(args.cases).read_text())["cases"]
+    out = Path(args.out)
+    done = {json.loads(line)["key"] for line in out.read_text().splitlines() if line.strip()} if out.exists() else set()
+    cases = [c for c in cases if c["batch_size"] >= args.min_batch and args.match in c["key"] and c["key"] not in done]
     captured = {}
     real_calibrate = calibrate.calibrate_cpu
 
@@ -116,17 +146,70 @@ def compare(args) -> None:
         print(f"{term}: n {len(a)}, median |err| {np.median(a):.1%}, max {a.max():.1%}, over 12%: {int((a > 0.12).sum())}")
 
 
+def fit_free(rec: dict) -> tuple[float, float]:
+    """(intercept bytes, slope) of extra = intercept + slope x above through all of a record's runs,
+    by plain least squares; the slope None where the runs' term spans nothing."""
+    t = rec["target"]
+    pts = [(r["above"], r["rss"] - r["persistent"] - r["over"]) for r in rec["runs"]]
+    pts += [(t["above"], r - t["persistent"] - t["over"]) for r in rec["real"]]
+    x, y = np.array(pts, float).T
+    if np.ptp(x) < 0.05 * max(float(np.median([r["rss"] for r in rec["runs"]])), 1.0):
+        return float(np.mean(y - CPU_DEFAULT.slope * x)), None
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(intercept), float(slope)
+
+
+def uncalibrated_error(rec: dict, cal: CpuCalibration) -> float:
+    """The uncalibrated estimate's resident set at the record's batch under `cal`, against the median of
+    its three runs there (signed share)."""
+    t = rec["target"]
+    return (t["persistent"] + t["over"] + cal.intercept + cal.slope * t["above"]) / statistics.median(rec["real"]) - 1
+
+
+def default(args) -> None:
+    recs = [json.loads(line) for line in Path(args.probe).read_text().splitlines() if line.strip()]
+    fits = {rec["key"]: fit_free(rec) for rec in recs}
+    intercepts = [i for i, _ in fits.values()]
+    slopes = [s for _, s in fits.values() if s is not None]
+    refit = CpuCalibration(intercept=float(np.median(intercepts)), slope=float(np.median(slopes)))
+    print(f"{len(recs)} records; intercepts {min(intercepts) / MiB:.0f}-{max(intercepts) / MiB:.0f} MiB, "
+          f"slopes {min(slopes):.2f}-{max(slopes):.2f} ({len(slopes)} spanning enough to fit one)")
+    print(f"medians: {refit.formula()}   current default: {CPU_DEFAULT.formula()}")
+    defaults = {"current": CPU_DEFAULT, "medians": refit}
+    print(f"| case | free fit | real here (MiB) | {' | '.join(defaults)} |")
+    print(f"|---|---|---|{'---|' * len(defaults)}")
+    for rec in recs:
+        i, s = fits[rec["key"]]
+        row = " | ".join(f"{uncalibrated_error(rec, cal):+.1%}" for cal in defaults.values())
+        print(f"| {rec['key']} | {'-' if s is None else f'{s:.2f}'} x + {i / MiB:.0f} MiB "
+              f"| {statistics.median(rec['real']) / MiB:.0f} | {row} |")
+    sets = {"fitting set": recs}
+    for path in args.check:
+        sets[path] = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    for label, rs in sets.items():
+        for name, cal in defaults.items():
+            es = np.array([uncalibrated_error(rec, cal) for rec in rs])
+            print(f"{label}, {name}: n {len(es)}, median |err| {np.median(np.abs(es)):.1%}, "
+                  f"max {np.abs(es).max():.1%}, median signed {np.median(es):+.1%}")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect")
-    c.add_argument("--cases", required=True, help="an accuracy result file (bench/results/accuracy*.json)")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--cases", help="an accuracy result file (bench/results/accuracy*.json)")
+    src.add_argument("--presets", action="store_true", help="DEFAULT_CASES: the uncalibrated default's fitting set")
     c.add_argument("--min-batch", type=int, default=16)
+    c.add_argument("--match", default="", help="only the cases whose key holds this")
     c.add_argument("--out", required=True)
     p = sub.add_parser("compare")
     p.add_argument("probe")
+    d = sub.add_parser("default")
+    d.add_argument("probe")
+    d.add_argument("--check", nargs="*", default=[], help="other collected records to check the defaults on")
     args = ap.parse_args()
-    collect(args) if args.cmd == "collect" else compare(args)
+    {"collect": collect, "compare": compare, "default": default}[args.cmd](args)
 
 
 if __name__ == "__main__":
