@@ -1,0 +1,82 @@
+#!/usr/bin/env python
+"""Offline: where a CPU training step's resident set lives, step by step (glibc's heap or mappings).
+
+    .venv/bin/python bench/heap_steps.py [--steps N] [--batches B,B,...] CASE
+    CASE = workload:precision:optimizer:batch[:key=value,...]   e.g. mlp:fp32:sgd-momentum:1024
+
+Per batch size (default: the case's), in a fresh process: build the workload as DESIGN.md's CPU
+protocol does, then after each of N training steps print the peak resident set over the one before
+the build (VmHWM, MiB) and the resident MiB of the main arena's heap (`[heap]`, grown by brk) and of
+anonymous mappings (glibc's mapped chunks, other arenas, thread stacks, the dataset), from
+/proc/self/smaps. What a resident-set model misses shows as which of them grows with the batch and
+over the steps. A tool for deciding the resident-set model, not a benchmark of a goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from mapped_moments import parse_case  # noqa: E402
+
+
+def hwm_mib() -> int:
+    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) // 1024
+
+
+def regions_mib() -> tuple[int, int]:
+    """(resident MiB of [heap], of anonymous mappings) in this process."""
+    heap = anon = 0
+    kind = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            fields = line.split()
+            kind = "heap" if fields[-1] == "[heap]" else "anon" if len(fields) == 5 else None
+        elif line.startswith("Rss:") and kind:
+            kb = int(line.split()[1])
+            heap, anon = (heap + kb, anon) if kind == "heap" else (heap, anon + kb)
+    return heap // 1024, anon // 1024
+
+
+def one(case: str, batch: int, steps: int) -> None:
+    from advisor.config import OptimizerKind, Precision
+    from advisor.training import prepare, train_step
+    from advisor.workload import load_workload
+
+    spec, prec, opt, _, args = parse_case(case)
+    base = hwm_mib()
+    w = load_workload(spec, {**args, "batch_size": batch})
+    ctx = prepare(w.build_model(), w.loss_fn, precision=Precision(prec), optimizer=OptimizerKind(opt))
+    data = w.make_batch(batch)
+    print(f"  b={batch:<6} built: heap {regions_mib()[0]:5d}  anon {regions_mib()[1]:5d}", flush=True)
+    for i in range(steps):
+        train_step(ctx, data)
+        heap, anon = regions_mib()
+        print(f"  b={batch:<6} step {i}: VmHWM +{hwm_mib() - base:5d}  heap {heap:5d}  anon {anon:5d}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("case")
+    ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default: the case's)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # the fresh process's batch
+    a = ap.parse_args()
+    if a.one is not None:
+        one(a.case, a.one, a.steps)
+        return
+    batches = [int(b) for b in a.batches.split(",")] if a.batches else [parse_case(a.case)[3]]
+    print(f"{a.case}: MiB")
+    for b in batches:
+        subprocess.run([sys.executable, __file__, a.case, "--one", str(b), "--steps", str(a.steps)], check=True)
+
+
+if __name__ == "__main__":
+    main()
