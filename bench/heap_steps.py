@@ -4,9 +4,10 @@
     .venv/bin/python bench/heap_steps.py [--steps N] [--batches B,B,...] CASE
     CASE = workload:precision:optimizer:batch[:key=value,...]   e.g. mlp:fp32:sgd-momentum:1024
 
-Per batch size (default: the case's), in a fresh process: build the workload as DESIGN.md's CPU
-protocol does, then after each of N training steps print the peak resident set over the one before
-the build (VmHWM, MiB) and the resident MiB of the main arena's heap (`[heap]`, grown by brk) and of
+Per batch size (default: the case's), in a fresh process, DESIGN.md's CPU protocol as advisor.measure
+runs it (the workload loaded, the kernel's high-water mark reset, then the build and N steps, each on
+a new batch), printing after each step the peak resident set over the one at the reset (VmHWM, MiB)
+and the resident MiB of the main arena's heap (`[heap]`, grown by brk) and of
 anonymous mappings (glibc's mapped chunks, other arenas, thread stacks, the dataset), from
 /proc/self/smaps. What a resident-set model misses shows as which of them grows with the batch and
 over the steps. A tool for deciding the resident-set model, not a benchmark of a goal.
@@ -27,10 +28,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 from mapped_moments import parse_case  # noqa: E402
 
 
-def hwm_mib() -> int:
-    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) // 1024
-
-
 def regions_mib() -> tuple[int, int]:
     """(resident MiB of [heap], of anonymous mappings) in this process."""
     heap = anon = 0
@@ -46,20 +43,26 @@ def regions_mib() -> tuple[int, int]:
 
 
 def one(case: str, batch: int, steps: int) -> None:
+    import torch
+
     from advisor.config import OptimizerKind, Precision
+    from advisor.procmem import current_rss, mark_peak, peak_rss
     from advisor.training import prepare, train_step
     from advisor.workload import load_workload
 
     spec, prec, opt, _, args = parse_case(case)
-    base = hwm_mib()
-    w = load_workload(spec, {**args, "batch_size": batch})
+    w = load_workload(spec, args)
+    torch.manual_seed(0)
+    mark_peak()
+    base = current_rss()
     ctx = prepare(w.build_model(), w.loss_fn, precision=Precision(prec), optimizer=OptimizerKind(opt))
-    data = w.make_batch(batch)
-    print(f"  b={batch:<6} built: heap {regions_mib()[0]:5d}  anon {regions_mib()[1]:5d}", flush=True)
+    heap, anon = regions_mib()
+    print(f"  b={batch:<6} built: heap {heap:5d}  anon {anon:5d}", flush=True)
     for i in range(steps):
-        train_step(ctx, data)
+        train_step(ctx, w.make_batch(batch))
         heap, anon = regions_mib()
-        print(f"  b={batch:<6} step {i}: VmHWM +{hwm_mib() - base:5d}  heap {heap:5d}  anon {anon:5d}", flush=True)
+        peak = (peak_rss() - base) >> 20
+        print(f"  b={batch:<6} step {i}: VmHWM +{peak:5d}  heap {heap:5d}  anon {anon:5d}", flush=True)
 
 
 def main() -> None:

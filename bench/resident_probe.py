@@ -57,16 +57,13 @@ REAL_RUNS = 3
 
 # Presets outside the accuracy grid (bench/estimate_accuracy.py), at batches where the resident set
 # is 0.15-0.5 GB here: the uncalibrated default's fitting set (`collect --presets`).
-DEFAULT_CASES = [(w, a, b, p, o) for w, a, b in [
-    ("tiny-gpt2", {}, 256), ("tiny-resnet", {}, 1024), ("resnet18", {"image_size": 64}, 64),
-    ("mlp", {"hidden": 1024}, 4096), ("tiny-lstm", {}, 512), ("tiny-unet", {}, 128), ("tiny-bert", {}, 128),
-    ("tiny-vit", {}, 512), ("tiny-dlrm", {}, 16384), ("tiny-llama", {}, 128)]
-    for p, o in [("fp32", "adamw"), ("bf16", "sgd-momentum")]]
-
-
-def default_cases() -> list[dict]:
-    return [dict(key=f"{w}{a or ''}|{p}|{o}|b{b}", workload=w, workload_args=a, batch_size=b, precision=p, optimizer=o)
-            for w, a, b, p, o in DEFAULT_CASES]
+DEFAULT_CASES = [dict(key=f"{w}{a or ''}|{p}|{o}|b{b}", workload=w, workload_args=a, batch_size=b,
+                      precision=p, optimizer=o)
+                 for w, a, b in [("tiny-gpt2", {}, 256), ("tiny-resnet", {}, 1024), ("resnet18", {"image_size": 64}, 64),
+                                 ("mlp", {"hidden": 1024}, 4096), ("tiny-lstm", {}, 512), ("tiny-unet", {}, 128),
+                                 ("tiny-bert", {}, 128), ("tiny-vit", {}, 512), ("tiny-dlrm", {}, 16384),
+                                 ("tiny-llama", {}, 128)]
+                 for p, o in [("fp32", "adamw"), ("bf16", "sgd-momentum")]]
 
 
 def terms(req, bm, calib, b: int, threshold: int | None) -> dict[str, int]:
@@ -79,7 +76,7 @@ def terms(req, bm, calib, b: int, threshold: int | None) -> dict[str, int]:
 
 
 def collect(args) -> None:
-    cases = default_cases() if args.presets else json.loads(Path(args.cases).read_text())["cases"]
+    cases = DEFAULT_CASES if args.presets else json.loads(Path(args.cases).read_text())["cases"]
     out = Path(args.out)
     done = {json.loads(line)["key"] for line in out.read_text().splitlines() if line.strip()} if out.exists() else set()
     cases = [c for c in cases if c["batch_size"] >= args.min_batch and args.match in c["key"] and c["key"] not in done]
@@ -146,31 +143,41 @@ def compare(args) -> None:
         print(f"{term}: n {len(a)}, median |err| {np.median(a):.1%}, max {a.max():.1%}, over 12%: {int((a > 0.12).sum())}")
 
 
-def fit_free(rec: dict) -> tuple[float, float]:
+def fit_free(rec: dict) -> tuple[float, float | None]:
     """(intercept bytes, slope) of extra = intercept + slope x above through all of a record's runs,
-    by plain least squares; the slope None where the runs' term spans nothing."""
+    by plain least squares; (0, None) where the runs' term spans too little to say (`default` then
+    takes the intercept under the other records' median slope)."""
+    x, y = _points(rec)
+    if np.ptp(x) < 0.05 * max(float(np.median([r["rss"] for r in rec["runs"]])), 1.0):
+        return 0.0, None
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(intercept), float(slope)
+
+
+def _points(rec: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(above, resident - persistent - over) of a record's runs, the calibration's and the batch's (bytes)."""
     t = rec["target"]
     pts = [(r["above"], r["rss"] - r["persistent"] - r["over"]) for r in rec["runs"]]
     pts += [(t["above"], r - t["persistent"] - t["over"]) for r in rec["real"]]
-    x, y = np.array(pts, float).T
-    if np.ptp(x) < 0.05 * max(float(np.median([r["rss"] for r in rec["runs"]])), 1.0):
-        return float(np.mean(y - CPU_DEFAULT.slope * x)), None
-    slope, intercept = np.polyfit(x, y, 1)
-    return float(intercept), float(slope)
+    return tuple(np.array(pts, float).T)
 
 
 def uncalibrated_error(rec: dict, cal: CpuCalibration) -> float:
     """The uncalibrated estimate's resident set at the record's batch under `cal`, against the median of
     its three runs there (signed share)."""
     t = rec["target"]
-    return (t["persistent"] + t["over"] + cal.intercept + cal.slope * t["above"]) / statistics.median(rec["real"]) - 1
+    return cal.resident(t["persistent"], t["above"], t["over"]) / statistics.median(rec["real"]) - 1
 
 
 def default(args) -> None:
     recs = [json.loads(line) for line in Path(args.probe).read_text().splitlines() if line.strip()]
     fits = {rec["key"]: fit_free(rec) for rec in recs}
-    intercepts = [i for i, _ in fits.values()]
     slopes = [s for _, s in fits.values() if s is not None]
+    for rec in recs:  # too little span for a slope: the intercept under the others' median slope
+        if fits[rec["key"]][1] is None:
+            x, y = _points(rec)
+            fits[rec["key"]] = (float(np.mean(y - np.median(slopes) * x)), None)
+    intercepts = [i for i, _ in fits.values()]
     refit = CpuCalibration(intercept=float(np.median(intercepts)), slope=float(np.median(slopes)))
     print(f"{len(recs)} records; intercepts {min(intercepts) / MiB:.0f}-{max(intercepts) / MiB:.0f} MiB, "
           f"slopes {min(slopes):.2f}-{max(slopes):.2f} ({len(slopes)} spanning enough to fit one)")

@@ -230,8 +230,9 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) 
     two runs at 14 of at most 2.31 GB, and they vouched for 15). From the largest batch b0 whose every run
     under glibc's default measured within the cap less its own noise (the calibration's `noise_share` of
     the worst run, as the margin keeps; it covers the runs' own spread there), a batch up to NEAR x b0
-    further is vouched for while b0's worst run plus (b - b0) x the steepest per-sample growth of the batch model (at RUN_STEP_SLOPE) stays there too: each
-    phase's resident set grows no faster than the largest growth of the live peak. Never up to a
+    further is vouched for while b0's worst run plus (b - b0) x the steepest per-sample growth of the
+    batch model (at RUN_STEP_SLOPE) stays there too: each phase's resident set grows no faster than the
+    largest growth of the live peak. Never up to a
     larger batch whose runs measured over."""
     by_batch = _default_runs(ev)
     if not by_batch:  # no runs (and then no Calibration to take their noise from)
