@@ -10,7 +10,8 @@ markdown file next to it (accuracy.md):
    {fp32, bf16 autocast} x {adamw, sgd-momentum} x 2 batch sizes. Per case:
    - measured RSS: median of 3 `measure(mode='rss')` runs (DESIGN.md "what a measured peak means": peak
      resident set (VmHWM, reset just before build_model()) over the RSS then, fresh process, >= 2
-     optimizer steps);
+     optimizer steps); where the 3 spread over WIDE_SPREAD, 2 more, and a second comparison against
+     the median of all 5 beside the goal's (which stays on the median of 3);
    - exact allocated peak: one `measure(mode='alloc')` run (profiler memory events replayed in order);
    - ours: `estimate_memory(...).total_bytes` vs the RSS, `.allocated_bytes` vs the allocated peak;
    - anchors, against the RSS (see ANCHORS below for each formula and its source), and PyTorch's
@@ -259,6 +260,25 @@ def _median_int(xs: list[int]) -> int:
     return int(statistics.median(xs))
 
 
+# The issue's target is the median of 3 runs. Where those 3 spread wider than this (max - min over their
+# median), the median of 3 is itself a noisy draw (mlp fp32 sgd-momentum b1024 here, session 25: nine
+# runs 258-332 MiB, median 300; the grid's three 301-334), so MORE_RUNS more go and a second comparison,
+# against the median of all, is reported beside the issue's (which stays the goal's).
+WIDE_SPREAD = 0.10
+MORE_RUNS = 2
+
+
+def spread(xs: list[int]) -> float:
+    """(max - min) / median of a case's runs."""
+    return (max(xs) - min(xs)) / statistics.median(xs)
+
+
+def rss_all_runs(rec: dict[str, Any]) -> int | None:
+    """The median of all of a case's resident-set runs: the 3 and any more (`WIDE_SPREAD`)."""
+    runs = rec.get("rss_runs", []) + rec.get("rss_runs_more", [])
+    return _median_int(runs) if runs else None
+
+
 def case_key(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> str:
     args = ",".join(f"{k}={v}" for k, v in sorted(wc.args.items()))
     return f"{wc.workload}[{args}]|{precision}|{optimizer}|b{batch}"
@@ -358,6 +378,15 @@ def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool:
             rec["problems"].append(f"rss measure: {exc}")
     rec["rss_runs"] = rss_runs
     rec["rss_bytes"] = _median_int(rss_runs) if rss_runs else None
+    if len(rss_runs) == 3 and spread(rss_runs) > WIDE_SPREAD:
+        status(f"3 runs spread {spread(rss_runs):.0%}: {MORE_RUNS} more")
+        more = [pool.submit(measure, MeasureRequest(**req, mode="rss")) for _ in range(MORE_RUNS)]
+        rec["rss_runs_more"] = []
+        for f in more:
+            try:
+                rec["rss_runs_more"].append(int(f.result().rss_delta_bytes))
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                rec["problems"].append(f"rss measure (more): {exc}")
     try:
         rec["alloc_bytes"] = int(alloc_f.result().alloc_peak_bytes)
     except Exception as exc:  # noqa: BLE001
@@ -409,6 +438,7 @@ def estimate_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, 
     rss, alloc = rec.get("rss_bytes"), rec.get("alloc_bytes")
     e = rec["errors"] = {}
     e["ours_vs_rss"] = rel(rec.get("est_total_bytes"), rss)
+    e["ours_vs_rss_all_runs"] = rel(rec.get("est_total_bytes"), rss_all_runs(rec))
     e["ours_vs_alloc"] = rel(rec.get("est_allocated_bytes"), alloc)
     e["ours_no_runs_at_batch_vs_rss"] = rel(rec.get("est_total_bytes_no_runs_at_batch", rec.get("est_total_bytes")), rss)
     for name, val in rec["anchors"].items():
@@ -466,6 +496,7 @@ def _count_params(wc: WorkloadCase) -> int | None:
 
 ERROR_ROWS = [
     ("ours_vs_rss", "ours (total) vs RSS"),
+    ("ours_vs_rss_all_runs", f"ours (total) vs RSS, median of {3 + MORE_RUNS} runs where 3 spread over {WIDE_SPREAD:.0%}"),
     ("ours_vs_alloc", "ours (allocated) vs allocated peak"),
     ("ours_no_runs_at_batch_vs_rss", "ours (total), no runs at the batch itself (ablation) vs RSS"),
     ("rule24_vs_rss", "24 B/param rule vs RSS"),
@@ -630,6 +661,8 @@ SUMMARY_COLUMNS = ["comparison", "n", "median |err|", "max |err|", "median (sign
 def summary_rows(summary: dict[str, Any]) -> list[list[str]]:
     rows = []
     for key, _ in ERROR_ROWS:
+        if key not in summary:  # a result file from before the row existed
+            continue
         s = summary[key]
         goal = f"median ≤ {s['goal_median'] * 100:.0f}%, max ≤ {s['goal_max'] * 100:.0f}%" if "goal_median" in s else ""
         met = ("yes" if s["met"] else "NO") if "met" in s else ""
@@ -888,7 +921,9 @@ def main(argv: list[str] | None = None) -> int:
             results["cases"].append(rec)
             e = rec["errors"]
             progress.console.print(
-                f"{label}: RSS {_gb(rec.get('rss_bytes'))} GB (runs {', '.join(_gb(x) for x in rec.get('rss_runs', []))}), "
+                f"{label}: RSS {_gb(rec.get('rss_bytes'))} GB (runs {', '.join(_gb(x) for x in rec.get('rss_runs', []))}"
+                + (f"; more {', '.join(_gb(x) for x in rec['rss_runs_more'])}: {_pct(e.get('ours_vs_rss_all_runs'))}"
+                   if rec.get("rss_runs_more") else "") + "), "
                 f"ours {_gb(rec.get('est_total_bytes'))} ({_pct(e.get('ours_vs_rss'))}); alloc {_gb(rec.get('alloc_bytes'))}, "
                 f"ours {_gb(rec.get('est_allocated_bytes'))} ({_pct(e.get('ours_vs_alloc'))}); MemTracker "
                 f"{_pct(e.get('memtracker_vs_alloc'))} vs alloc; {rec.get('seconds', 0):.0f} s"

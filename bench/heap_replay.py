@@ -128,7 +128,7 @@ class _Heap:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("case")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default: the calibration's and the case's)")
     ap.add_argument("--runs", type=int, default=2, help="real runs per batch size (0: none)")

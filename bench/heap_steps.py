@@ -9,8 +9,11 @@ runs it (the workload loaded, the kernel's high-water mark reset, then the build
 a new batch), printing after each step the peak resident set over the one at the reset (VmHWM, MiB)
 and the resident MiB of the main arena's heap (`[heap]`, grown by brk) and of
 anonymous mappings (glibc's mapped chunks, other arenas, thread stacks, the dataset), from
-/proc/self/smaps. What a resident-set model misses shows as which of them grows with the batch and
-over the steps. A tool for deciding the resident-set model, not a benchmark of a goal.
+/proc/self/smaps; and glibc's own count (mallinfo2, all arenas): `inuse`, the bytes of chunks in use,
+and `free`, the bytes of free chunks inside the arenas' heaps: what fragmentation holds (a freed chunk
+stays resident until reused, unless it is at the heap's top past the trim threshold). What a
+resident-set model misses shows as which of them grows with the batch and over the steps. A tool for
+deciding the resident-set model, not a benchmark of a goal.
 """
 
 from __future__ import annotations
@@ -42,7 +45,11 @@ def regions_mib() -> tuple[int, int]:
     return heap // 1024, anon // 1024
 
 
-def one(case: str, batch: int, steps: int) -> None:
+def protocol(case: str, batch: int, steps: int, before_build=None, after_build=None, after_step=None) -> int:
+    """DESIGN.md's CPU protocol as advisor.measure runs it, in this process: the workload loaded, the
+    high-water mark reset, the build, then `steps` steps on a new batch each; `before_build()`,
+    `after_build()` and `after_step(i, peak)` (peak: VmHWM over the reset, bytes) called on the way.
+    Returns the peak (bytes)."""
     import torch
 
     from advisor.config import OptimizerKind, Precision
@@ -55,14 +62,38 @@ def one(case: str, batch: int, steps: int) -> None:
     torch.manual_seed(0)
     mark_peak()
     base = current_rss()
+    if before_build is not None:
+        before_build()
     ctx = prepare(w.build_model(), w.loss_fn, precision=Precision(prec), optimizer=OptimizerKind(opt))
-    heap, anon = regions_mib()
-    print(f"  b={batch:<6} built: heap {heap:5d}  anon {anon:5d}", flush=True)
+    if after_build is not None:
+        after_build()
     for i in range(steps):
         train_step(ctx, w.make_batch(batch))
+        if after_step is not None:
+            after_step(i, peak_rss() - base)
+    return peak_rss() - base
+
+
+def mallinfo_mib() -> tuple[int, int]:
+    """(bytes in use, bytes free inside the heaps) over all of glibc's arenas (mallinfo2, glibc 2.33+), MiB."""
+    from malloc_replay import libc
+
+    m = libc().mallinfo2()
+    return m.uordblks >> 20, m.fordblks >> 20
+
+
+def one(case: str, batch: int, steps: int) -> None:
+    def built() -> None:
         heap, anon = regions_mib()
-        peak = (peak_rss() - base) >> 20
-        print(f"  b={batch:<6} step {i}: VmHWM +{peak:5d}  heap {heap:5d}  anon {anon:5d}", flush=True)
+        print(f"  b={batch:<6} built: heap {heap:5d}  anon {anon:5d}", flush=True)
+
+    def stepped(i: int, peak: int) -> None:
+        heap, anon = regions_mib()
+        inuse, free = mallinfo_mib()
+        print(f"  b={batch:<6} step {i}: VmHWM +{peak >> 20:5d}  heap {heap:5d}  anon {anon:5d}  inuse {inuse:5d}  free {free:5d}",
+              flush=True)
+
+    protocol(case, batch, steps, after_build=built, after_step=stepped)
 
 
 def main() -> None:
