@@ -19,6 +19,7 @@ deciding the resident-set model, not a benchmark of a goal.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import re
 import subprocess
 import sys
@@ -74,10 +75,23 @@ def protocol(case: str, batch: int, steps: int, before_build=None, after_build=N
     return peak_rss() - base
 
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def libc() -> ctypes.CDLL:
+    """glibc, with the signatures the replay and mallinfo2 need."""
+    c = ctypes.CDLL("libc.so.6")
+    c.malloc.restype = ctypes.c_void_p
+    c.realloc.restype, c.realloc.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]
+    c.free.argtypes = [ctypes.c_void_p]
+    c.mallinfo2.restype = MallInfo2
+    return c
+
+
 def mallinfo_mib() -> tuple[int, int]:
     """(bytes in use, bytes free inside the heaps) over all of glibc's arenas (mallinfo2, glibc 2.33+), MiB."""
-    from malloc_replay import libc
-
     m = libc().mallinfo2()
     return m.uordblks >> 20, m.fordblks >> 20
 

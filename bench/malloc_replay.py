@@ -45,25 +45,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from heap_steps import protocol  # noqa: E402
+from heap_steps import libc, protocol  # noqa: E402
 from mapped_moments import parse_case  # noqa: E402
 
 MiB = 2**20
-
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def libc() -> ctypes.CDLL:
-    """glibc, with the signatures the replay and mallinfo2 need."""
-    c = ctypes.CDLL("libc.so.6")
-    c.malloc.restype = ctypes.c_void_p
-    c.realloc.restype, c.realloc.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]
-    c.free.argtypes = [ctypes.c_void_p]
-    c.mallinfo2.restype = MallInfo2
-    return c
 
 
 def run_logged(case: str, steps: int, log: str) -> None:
