@@ -120,6 +120,10 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
                  else "oneDNN op shape(s) once on zeros on this CPU")
         notes.append(f"kernel scratch and workspaces sized by running {bm.trace_a.sized_kernels} {where} "
                      "(fake ops report none)")
+    if bm.trace_a.probed_copies:
+        where = "this machine's GPU" if bm.trace_a.sized_on == "cuda" else "this CPU"
+        notes.append(f"{bm.trace_a.probed_copies} op shape(s) with strided inputs run once on zeros on {where}, for the "
+                     "contiguous copies their kernels make inside themselves (dispatch shows none)")
     # the calibration cache and the measured peaks both key on it; it builds the model on meta: once
     fingerprint = functools.cache(functools.partial(workload_fingerprint, wl))
     calib = None

@@ -49,6 +49,7 @@ class Trace:
     synthetic: bool = False  # built from formulas: sizes are moments, not an allocation sequence
     sized_kernels: int = 0  # kernel workspaces/scratch sized by running the op for real on this machine
     sized_on: str = "cpu"  # where they were sized: "cpu" (oneDNN) or "cuda" (cuDNN, on this machine's GPU)
+    probed_copies: int = 0  # op shapes with a strided input run for real, for a contiguous copy inside their kernel
     # (events,) int64, signed as `sizes`: the bytes of each allocation its kernel never writes (pages
     # that stay out of the resident set, e.g. the unused part of oneDNN's RNN workspace); None: all
     untouched: np.ndarray | None = None
@@ -74,6 +75,7 @@ class _Tracker:
         self.cuda_workspaces = False  # size cuDNN's convolution workspaces by running those ops on the GPU
         self.cudnn_tf32 = False  # whether the run lets cuDNN use TF32 (precision tf32): it picks other algorithms
         self.workspace_bytes: dict[str, int] = {}  # the op's shapes, dtypes and scalars -> bytes
+        self.copy_probes: set[str] = set()  # keys of ops with a strided input, probed where affordable
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
         self.finalizers: dict[int, weakref.finalize] = {}  # storage pointer -> its death notice
@@ -165,9 +167,15 @@ def _dispatch_mode(tracker: _Tracker):
             if func is torch.ops.aten.mkldnn_rnn_layer.default:
                 out = _rnn_workspace(tracker, args, out)
             elif tracker.cpu_workspaces and func in _scratch_ops():
-                _real_scratch(tracker, func, args)
+                _real_scratch(tracker, func, args, kwargs)
+            elif tracker.cpu_workspaces and _may_copy_strided(func, args, kwargs):
+                tracker.copy_probes.add(_probe_key(func, args, kwargs))
+                _real_scratch(tracker, func, args, kwargs)
             elif tracker.cuda_workspaces and func in _cuda_scratch_ops():
-                out = _cuda_scratch(tracker, func, args, out)
+                out = _cuda_scratch(tracker, func, args, kwargs, out)
+            elif tracker.cuda_workspaces and _may_copy_strided(func, args, kwargs):
+                tracker.copy_probes.add(_probe_key(func, args, kwargs))
+                out = _cuda_scratch(tracker, func, args, kwargs, out)
             if func is torch.ops.aten.add.Tensor and tracker.accumulating and accumulates_in_place(args):
                 tracker.reuse(out, args[0])
                 return out
@@ -268,26 +276,73 @@ def _rnn_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
 PROBE_INPUT_LIMIT = 1 << 30
 
 
-def _probe_key(func: Any, args: tuple) -> str:
-    """What decides a probed op's workspace or scratch: the op, its tensors' shapes and dtypes, its scalars."""
+def _probe_key(func: Any, args: tuple, kwargs: dict | None = None) -> str:
+    """What decides a probed op's workspace or scratch: the op, its tensors' shapes, strides and dtypes
+    (a layout changes which kernel runs, and whether it copies an input first), its scalars."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def describe(a: Any) -> Any:
+        return (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+
+    return repr([func, *tree_map(describe, list(args)), *sorted(tree_map(describe, kwargs or {}).items())])
+
+
+def _real_like(args: Any, device: str = "cpu") -> Any:
+    """Real zeros on `device` for each fake tensor in `args` (nested lists and dicts too), same shape,
+    strides and dtype (a layout such as channels_last changes which kernel runs)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda a: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=device).zero_()
+                    if isinstance(a, torch.Tensor) else a, args)
+
+
+def _affordable(args: Any) -> bool:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    return sum(a.nbytes for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)) <= PROBE_INPUT_LIMIT
+
+
+# A strided input smaller than this is not probed for a hidden contiguous copy: it would move an
+# estimate of hundreds of MiB by well under a percent.
+HIDDEN_COPY_MIN = 1 << 20
+
+
+@functools.lru_cache(maxsize=1)
+def _stride_ops() -> tuple[frozenset, frozenset]:
+    """(ops that take any strides or are the copy themselves, matrix products that take either unit stride)."""
     import torch
 
-    return repr([func, *((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)])
+    aten = torch.ops.aten
+    copies = frozenset({aten._to_copy.default, aten.copy_.default, aten.clone.default})
+    products = frozenset({aten.mm, aten.bmm, aten.addmm, aten.baddbmm, aten.addbmm})
+    return copies, products
 
 
-def _real_like(args: tuple, device: str = "cpu") -> list:
-    """Real zeros on `device` for each fake tensor argument, same shape, strides and dtype (a layout
-    such as channels_last changes which kernel runs)."""
+def _may_copy_strided(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether the op's CPU kernel may copy a strided input to a contiguous buffer inside itself (ATen's
+    `.contiguous()` and `expect_contiguous()`, e.g. softmax's backward on the transposed gradient of
+    an attention product): an allocation dispatch never shows, fake or real, which only a real run of
+    the op on the same strides measures (`_real_scratch`). Candidates: an op that is not a view, not
+    pointwise (TensorIterator walks any strides), not seeded (a probe would draw from the RNG), with
+    a non-contiguous tensor input of HIDDEN_COPY_MIN bytes or more; a matrix product only where such
+    an input has no unit stride in its last two dimensions (BLAS takes either)."""
     import torch
+    from torch.utils._pytree import tree_flatten
 
-    return [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=device).zero_()
-            if isinstance(a, torch.Tensor) else a for a in args]
-
-
-def _affordable(args: tuple) -> bool:
-    import torch
-
-    return sum(a.nbytes for a in args if isinstance(a, torch.Tensor)) <= PROBE_INPUT_LIMIT
+    skip = (torch.Tag.pointwise, torch.Tag.nondeterministic_seeded, torch.Tag.inplace_view)
+    if func.namespace != "aten" or func.is_view or any(tag in func.tags for tag in skip):
+        return False
+    copies, products = _stride_ops()
+    if func in copies:
+        return False
+    strided = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)
+               and a.nbytes >= HIDDEN_COPY_MIN and not a.is_contiguous()]
+    if func.overloadpacket in products:
+        strided = [a for a in strided if 1 not in a.stride()[-2:]]
+    return bool(strided)
 
 
 @functools.lru_cache(maxsize=1)
@@ -317,26 +372,29 @@ def _stderr_to_devnull():
         os.close(devnull)
 
 
-def _real_scratch(tracker: _Tracker, func: Any, args: tuple) -> None:
+def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None = None) -> None:
     """A kernel that allocates scratch inside itself (oneDNN's convolutions and RNN backward, sized by
-    the algorithm it picks for this CPU and shape): run it once on real zeros under the profiler,
-    and record a fake allocation of the scratch's size that dies at once, so the trace's peak sees
-    it beside the op's outputs."""
+    the algorithm it picks for this CPU and shape; a contiguous copy of a strided input,
+    `_may_copy_strided`): run it once on real zeros of the same strides under the profiler, and
+    record a fake allocation of the scratch's size that dies at once, so the trace's peak sees it
+    beside the op's outputs."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.profiler import ProfilerActivity, profile
+    from torch.utils._pytree import tree_flatten
 
     from advisor.measure import replay_memory_events
 
-    if not any(isinstance(a, FakeTensor) for a in args) or not _affordable(args):
+    kwargs = kwargs or {}
+    if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]) or not _affordable((args, kwargs)):
         return
-    key = _probe_key(func, args)
+    key = _probe_key(func, args, kwargs)
     if key not in tracker.workspace_bytes:
         with unset_fake_temporarily():
             try:
-                real = _real_like(args)
+                real, real_kwargs = _real_like((args, kwargs))
                 with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                    func(*real)
+                    func(*real, **real_kwargs)
                 peak, final = replay_memory_events(prof)
             except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
                 peak = final = 0
@@ -357,30 +415,31 @@ def _cuda_scratch_ops() -> frozenset:
     return frozenset({aten.convolution.default, aten.convolution_backward.default})
 
 
-def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, out: Any) -> Any:
-    """cuDNN's convolution workspace, which the CPU's fake ops know nothing of: run the op once on
-    zeros of the same shapes, strides and dtypes on this machine's GPU (the target) and take the
-    allocator's peak over what the op leaves allocated (its outputs). The workspace is taken after
-    the outputs and freed before the op returns, so the trace records the outputs, then a fake
-    allocation of the workspace's size that dies at once."""
+def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+    """cuDNN's convolution workspace (or a kernel's contiguous copy of a strided input,
+    `_may_copy_strided`), which the CPU's fake ops know nothing of: run the op once on zeros of the
+    same shapes, strides and dtypes on this machine's GPU (the target) and take the allocator's peak
+    over what the op leaves allocated (its outputs). The workspace is taken after the outputs and
+    freed before the op returns, so the trace records the outputs, then a fake allocation of the
+    workspace's size that dies at once."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.utils._pytree import tree_flatten
 
-    if not any(isinstance(a, FakeTensor) for a in args) or not _affordable(args):
+    if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]) or not _affordable((args, kwargs)):
         return out
-    key = _probe_key(func, args)
+    key = _probe_key(func, args, kwargs)
     if key not in tracker.workspace_bytes:
         tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32  # as training sets it
         with unset_fake_temporarily():
             try:
-                real = _real_like(args, "cuda")
+                real, real_kwargs = _real_like((args, kwargs), "cuda")
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-                result = func(*real)
+                result = func(*real, **real_kwargs)
                 torch.cuda.synchronize()
                 tracker.workspace_bytes[key] = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
-                del result, real
+                del result, real, real_kwargs
             except Exception:  # noqa: BLE001 - no kernel or no room for it on the GPU now: nothing sized, never a failed trace
                 tracker.workspace_bytes[key] = 0
             finally:
@@ -505,10 +564,12 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     if tracker.cuda_workspaces and tracker.workspace_bytes:
         torch.cuda.empty_cache()  # the probes' blocks go back to the device, not kept by this process
     curve, sizes, ids, untouched = _replay(tracker)
+    copies = tracker.copy_probes & tracker.workspace_bytes.keys()
     return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
-                 sized_kernels=len(tracker.workspace_bytes), sized_on="cuda" if tracker.cuda_workspaces else "cpu")
+                 sized_kernels=len(tracker.workspace_bytes) - len(copies), probed_copies=len(copies),
+                 sized_on="cuda" if tracker.cuda_workspaces else "cpu")
 
 
 def save_trace(trace: Trace, path: str) -> None:

@@ -74,3 +74,20 @@ def test_rnn_workspace_bytes_its_kernel_never_writes_are_measured() -> None:
         assert tr["net"] == 0, "each allocation's untouched bytes leave with its free"
     # the fake trace's probe and the real kernel in a real step leave the same bytes unwritten (pages)
     assert out["fake"]["untouched"] == pytest.approx(out["real"]["untouched"], rel=0.02)
+
+
+def test_a_contiguous_copy_inside_a_kernel_is_measured_where_the_target_is_this_cpu() -> None:
+    # einsum attention over (batch, channels, positions): softmax's backward gets the attention
+    # product's gradient transposed, and its CPU kernel copies it (16 MiB here) to a contiguous buffer
+    # that no dispatch mode sees, fake or real; the probe runs that op once on zeros of the same strides
+    from pathlib import Path
+
+    spec = f"{Path(__file__).with_name('strided_attention.py')}:build"
+    real = measure(MeasureRequest(workload=spec, batch_size=4, mode="alloc")).alloc_peak_bytes
+    wl = load_workload(spec, {})
+    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
+    plain = trace_training(wl, 4, **kw)
+    probed = trace_training(wl, 4, cpu_workspaces=True, **kw)
+    assert real - plain.peak_bytes >= 15 << 20, "the kernel's copy is what the plain trace misses"
+    assert probed.probed_copies >= 1
+    assert probed.peak_bytes == pytest.approx(real, rel=0.01), (probed.peak_bytes, real)
