@@ -84,15 +84,17 @@ def _estimator(acc: Path) -> list[str]:
 def _outside(kind: str, title: str) -> str:
     """`estimate_accuracy.py --set {kind}`'s summary and cases, as one section ('## {title}'), then
     bench/notes/{kind}.md; without its results, that section as BENCHMARKS.md has it."""
-    md = RESULTS / f"accuracy-{kind}.md"
+    md, note = RESULTS / f"accuracy-{kind}.md", NOTES / f"{kind}.md"
+    command = (f"```bash\n.venv/bin/python bench/estimate_accuracy.py --set {kind} --skip maxbatch,speed "
+               f"--out bench/results/accuracy-{kind}.json\n```\n")
     if not md.exists():
-        return _section(md, title)
+        if not note.exists():
+            return _section(md, title)
+        return f"## {title}\n\n{command}\n_Not run yet ({md.name} not found)._\n\n{note.read_text().strip()}\n"
     run = md.read_text().splitlines()[2].replace("(in progress)", "(stopped there)")
-    body = [f"## {title}\n", f"```bash\n.venv/bin/python bench/estimate_accuracy.py --set {kind} --skip maxbatch,speed "
-            f"--out bench/results/accuracy-{kind}.json\n```\n", run + "\n"]
+    body = [f"## {title}\n", command, run + "\n"]
     for part in ("Summary", "Cases"):
         body.append("#" + _section(md, part))
-    note = NOTES / f"{kind}.md"
     return "\n".join(body) + ("\n" + note.read_text().strip() + "\n" if note.exists() else "")
 
 
@@ -100,6 +102,7 @@ def main() -> int:
     parts = _estimator(RESULTS / "accuracy.md")
     parts.append(_outside("unseen", "Workloads outside the presets"))
     parts.append(_outside("fresh", "Workloads written before any estimate of them was seen"))
+    parts.append(_outside("kinds", "Model kinds no other set has"))
     if CALIBRATION.exists():
         parts.append(CALIBRATION.read_text())
     # bench/estimate_accuracy_cuda.py, on a lent GPU machine

@@ -21,7 +21,10 @@ markdown file next to it (accuracy.md):
    presets against DESIGN.md's Workload contract only (a frozen backbone, a GRU, a transformer encoder
    with dict batches, a 1-D conv net), x the same precisions, optimizers and 2 batch sizes; with `--set
    fresh`, on bench/workloads/fresh.py's (a depthwise CNN, a seq2seq transformer, a conv VAE, an
-   MLP-Mixer), written in session 21 before any estimate of them was seen.
+   MLP-Mixer), written in session 21 before any estimate of them was seen; with `--set kinds`, on
+   bench/workloads/kinds.py's, session 27's kinds no other set has (graph message passing, an STFT
+   front end, 3-D convolutions, checkpoint inside the model, EmbeddingBag, a diffusion block, a
+   data-dependent mixture of experts, weight tying).
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
@@ -100,6 +103,20 @@ FRESH_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("seq2seq transformer", f"{_FRESH}:seq2seq", {}, (4, 16)),
     WorkloadCase("conv VAE", f"{_FRESH}:vae", {"image_size": 96}, (32, 128)),
     WorkloadCase("MLP-Mixer", f"{_FRESH}:mixer", {}, (8, 32)),
+]
+
+# Workloads written in session 27 of kinds no other set has (bench/workloads/kinds.py), for `--set kinds`.
+# Batches: the first is the one-off first look's (bench/notes/kinds.md), each 0.2-1.7 GB there.
+_KINDS = "bench/workloads/kinds.py"
+KINDS_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("graph message passing", f"{_KINDS}:gnn", {}, (8, 16)),
+    WorkloadCase("STFT + CNN", f"{_KINDS}:spectro", {}, (16, 32)),
+    WorkloadCase("3-D CNN", f"{_KINDS}:video", {}, (4, 16)),
+    WorkloadCase("checkpoint + autograd.Function", f"{_KINDS}:ckpt", {}, (16, 64)),
+    WorkloadCase("EmbeddingBag recommender", f"{_KINDS}:bagrec", {}, (128, 512)),
+    WorkloadCase("diffusion block", f"{_KINDS}:diffblock", {}, (8, 16)),
+    WorkloadCase("mixture of experts", f"{_KINDS}:moe", {}, (8, 32)),
+    WorkloadCase("tied, reused block", f"{_KINDS}:tied", {}, (8, 32)),
 ]
 
 QUICK_WORKLOADS: list[WorkloadCase] = [
@@ -786,9 +803,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/accuracy.json, "
                     "accuracy-quick.json with --quick); the markdown goes beside it with a .md suffix")
     ap.add_argument("--resume", action="store_true", help="keep the cases already in --out and run only the rest")
-    ap.add_argument("--set", choices=("presets", "unseen", "fresh"), default="presets", help="the accuracy part's "
-                    "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, or "
-                    "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen")
+    ap.add_argument("--set", choices=("presets", "unseen", "fresh", "kinds"), default="presets", help="the accuracy part's "
+                    "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, "
+                    "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, or "
+                    "bench/workloads/kinds.py's, session 27's kinds no other set has")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: accuracy, maxbatch, speed")
@@ -818,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=240)
     out = (args.out or ROOT / "bench" / "results" / ("accuracy-quick.json" if args.quick else "accuracy.json")).resolve()
     md = out.with_suffix(".md")
-    if args.set in ("unseen", "fresh"):
+    if args.set in ("unseen", "fresh", "kinds"):
         os.chdir(ROOT)  # the workloads are named by their path in the tree, for every fresh process of a run too
     if args.render_only:
         results = json.loads(out.read_text())
@@ -831,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
     workloads = QUICK_WORKLOADS if args.quick else \
-        {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS}.get(args.set, WORKLOADS)
+        {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS}.get(args.set, WORKLOADS)
     # --only: the other workloads' cases kept from --out (with --resume) stay in it, in their place, untouched
     only = {n.strip() for n in args.only.split(",")} if args.only else {w.workload for w in workloads}
     plan: list[tuple[WorkloadCase, str, str, int]] = []
