@@ -75,7 +75,7 @@ class _Tracker:
         self.cuda_workspaces = False  # size cuDNN's convolution workspaces by running those ops on the GPU
         self.cudnn_tf32 = False  # whether the run lets cuDNN use TF32 (precision tf32): it picks other algorithms
         self.workspace_bytes: dict[str, int] = {}  # the op's shapes, dtypes and scalars -> bytes
-        self.copy_probes: set[str] = set()  # keys of ops with a strided input, probed where affordable
+        self.copy_probes: set[str] = set()  # keys of workspace_bytes probed for a contiguous copy of a strided input
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
         self.finalizers: dict[int, weakref.finalize] = {}  # storage pointer -> its death notice
@@ -169,13 +169,11 @@ def _dispatch_mode(tracker: _Tracker):
             elif tracker.cpu_workspaces and func in _scratch_ops():
                 _real_scratch(tracker, func, args, kwargs)
             elif tracker.cpu_workspaces and _may_copy_strided(func, args, kwargs):
-                tracker.copy_probes.add(_probe_key(func, args, kwargs))
-                _real_scratch(tracker, func, args, kwargs)
+                _real_scratch(tracker, func, args, kwargs, copy=True)
             elif tracker.cuda_workspaces and func in _cuda_scratch_ops():
                 out = _cuda_scratch(tracker, func, args, kwargs, out)
             elif tracker.cuda_workspaces and _may_copy_strided(func, args, kwargs):
-                tracker.copy_probes.add(_probe_key(func, args, kwargs))
-                out = _cuda_scratch(tracker, func, args, kwargs, out)
+                out = _cuda_scratch(tracker, func, args, kwargs, out, copy=True)
             if func is torch.ops.aten.add.Tensor and tracker.accumulating and accumulates_in_place(args):
                 tracker.reuse(out, args[0])
                 return out
@@ -372,12 +370,12 @@ def _stderr_to_devnull():
         os.close(devnull)
 
 
-def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None = None) -> None:
+def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None = None, copy: bool = False) -> None:
     """A kernel that allocates scratch inside itself (oneDNN's convolutions and RNN backward, sized by
     the algorithm it picks for this CPU and shape; a contiguous copy of a strided input,
     `_may_copy_strided`): run it once on real zeros of the same strides under the profiler, and
     record a fake allocation of the scratch's size that dies at once, so the trace's peak sees it
-    beside the op's outputs."""
+    beside the op's outputs. `copy`: probed for a contiguous copy (counted apart, Trace.probed_copies)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.profiler import ProfilerActivity, profile
@@ -389,6 +387,8 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
     if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]) or not _affordable((args, kwargs)):
         return
     key = _probe_key(func, args, kwargs)
+    if copy:
+        tracker.copy_probes.add(key)
     if key not in tracker.workspace_bytes:
         with unset_fake_temporarily():
             try:
@@ -415,13 +415,13 @@ def _cuda_scratch_ops() -> frozenset:
     return frozenset({aten.convolution.default, aten.convolution_backward.default})
 
 
-def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: Any, copy: bool = False) -> Any:
     """cuDNN's convolution workspace (or a kernel's contiguous copy of a strided input,
     `_may_copy_strided`), which the CPU's fake ops know nothing of: run the op once on zeros of the
     same shapes, strides and dtypes on this machine's GPU (the target) and take the allocator's peak
     over what the op leaves allocated (its outputs). The workspace is taken after the outputs and
     freed before the op returns, so the trace records the outputs, then a fake allocation of the
-    workspace's size that dies at once."""
+    workspace's size that dies at once. `copy`: as in `_real_scratch`."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.utils._pytree import tree_flatten
@@ -429,6 +429,8 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: 
     if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]) or not _affordable((args, kwargs)):
         return out
     key = _probe_key(func, args, kwargs)
+    if copy:
+        tracker.copy_probes.add(key)
     if key not in tracker.workspace_bytes:
         tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32  # as training sets it
         with unset_fake_temporarily():
@@ -564,11 +566,11 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     if tracker.cuda_workspaces and tracker.workspace_bytes:
         torch.cuda.empty_cache()  # the probes' blocks go back to the device, not kept by this process
     curve, sizes, ids, untouched = _replay(tracker)
-    copies = tracker.copy_probes & tracker.workspace_bytes.keys()
+    copies = len(tracker.copy_probes)
     return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
-                 sized_kernels=len(tracker.workspace_bytes) - len(copies), probed_copies=len(copies),
+                 sized_kernels=len(tracker.workspace_bytes) - copies, probed_copies=copies,
                  sized_on="cuda" if tracker.cuda_workspaces else "cpu")
 
 
