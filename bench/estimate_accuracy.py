@@ -438,12 +438,16 @@ def estimate_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, 
                    breakdown=est.breakdown.model_dump(), notes=est.notes)
         rec.pop("est_total_bytes_all_peaks", None)
         rec.pop("est_total_bytes_no_runs_at_batch", None)
-        if any("real run(s) at the batch itself" in n for n in est.notes):
+        rec.pop("est_total_bytes_one_top_run", None)
+        at_batch = any("real run(s) at the batch itself" in n for n in est.notes)
+        ablation = ("est_total_bytes_no_runs_at_batch", _without_runs_at_the_batch) if at_batch \
+            else ("est_total_bytes_one_top_run", _one_top_run) if est.calibrated else None
+        if ablation:
             try:  # the ablation's own failure leaves the estimate standing
-                rec["est_total_bytes_no_runs_at_batch"] = _without_runs_at_the_batch(wc, precision, optimizer, batch)
+                rec[ablation[0]] = ablation[1](wc, precision, optimizer, batch)
             except Exception as exc:  # noqa: BLE001 - record and go on
                 rec["problems"].append(f"ablation: {type(exc).__name__}: {exc}")
-                rec["est_total_bytes_no_runs_at_batch"] = None
+                rec[ablation[0]] = None
     except Exception as exc:  # noqa: BLE001
         rec.update(est_total_bytes=None, est_allocated_bytes=None, num_params=None)
         rec["problems"].append(f"estimate: {type(exc).__name__}: {exc}")
@@ -458,6 +462,7 @@ def estimate_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, 
     e["ours_vs_rss_all_runs"] = rel(rec.get("est_total_bytes"), rss_all_runs(rec))
     e["ours_vs_alloc"] = rel(rec.get("est_allocated_bytes"), alloc)
     e["ours_no_runs_at_batch_vs_rss"] = rel(rec.get("est_total_bytes_no_runs_at_batch", rec.get("est_total_bytes")), rss)
+    e["ours_one_top_run_vs_rss"] = rel(rec.get("est_total_bytes_one_top_run", rec.get("est_total_bytes")), rss)
     for name, val in rec["anchors"].items():
         e[f"{name}_vs_rss"] = rel(val, rss)
     e["memtracker_vs_rss"] = rel(rec.get("memtracker_bytes"), rss)
@@ -469,28 +474,53 @@ def _without_runs_at_the_batch(wc: WorkloadCase, precision: str, optimizer: str,
     batch itself, and any measured peak there, left out of the resident-set fit and the estimate, as
     before session 21: the line through the runs at fractions of the batch alone (at batch 1, through
     its one run there, as before)."""
+    from advisor.estimate import calibrate
+
+    # batch 1's calibration ran at the batch before session 21 too (calibration_batches(1) == (1,)): its first run stays
+    kept = 1 if batch in calibrate.calibration_batches(batch) else 0
+    return _estimate_without(wc, precision, optimizer, batch, lambda calib: [r for r in calib.rss if r[0] == batch][kept:],
+                             lambda p: p[0] == batch)
+
+
+def _one_top_run(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> int:
+    """Ablation: the total estimated again from the same cached calibration (no run) with the repeated run at
+    the largest calibration batch (calibrate.TOP_RUNS) left out, as before session 28: one run per batch size."""
+    from advisor.estimate import calibrate
+
+    top = calibrate.calibration_batches(batch)[-1]
+    return _estimate_without(wc, precision, optimizer, batch,
+                             lambda calib: [r for r in calib.rss if r[0] == top][1:],
+                             lambda p: False)
+
+
+def _estimate_without(wc: WorkloadCase, precision: str, optimizer: str, batch: int, runs_out, point_out) -> int:
+    """The total estimated again with the cached calibration's runs that `runs_out(calib)` lists left out of its
+    resident-set fit, and the measured peaks that are those runs (kept as peaks too) or that `point_out` names."""
     from dataclasses import replace
     from unittest import mock
 
     from advisor.estimate import calibrate, estimator
 
     real_calibrate, real_points = estimator._calibrate, estimator._measured_points
-
-    # batch 1's calibration ran at the batch before session 21 too (calibration_batches(1) == (1,)): its first run stays
-    kept = 1 if batch in calibrate.calibration_batches(batch) else 0
+    left_out: list = []
 
     def calibrate_without(*args, **kwargs):
         calib, bm = real_calibrate(*args, **kwargs)
-        if isinstance(calib, calibrate.Calibration) and len(calib.runs_at(batch)) > kept:
-            at = [i for i, r in enumerate(calib.rss) if r[0] == batch]
-            req, rss = args[3], tuple(r for i, r in enumerate(calib.rss) if i not in at[kept:])
-            intercept, slope, spread = calibrate._fit_resident(req, bm, calib.hidden_ratio, rss)
-            calib = replace(calib, intercept=intercept, slope=slope, spread=spread, rss=rss,
-                            batches=tuple(sorted({b for b, _, _ in rss})))
+        if isinstance(calib, calibrate.Calibration):
+            out = list(runs_out(calib))
+            left_out.extend(out)
+            if out:
+                rss = list(calib.rss)
+                for r in out:
+                    rss.remove(r)
+                rss = tuple(rss)
+                intercept, slope, spread = calibrate._fit_resident(args[3], bm, calib.hidden_ratio, rss)
+                calib = replace(calib, intercept=intercept, slope=slope, spread=spread, rss=rss,
+                                batches=tuple(sorted({b for b, _, _ in rss})))
         return calib, bm
 
     def points_without(*args, **kwargs):
-        return [p for p in real_points(*args, **kwargs) if p[0] != batch]
+        return [p for p in real_points(*args, **kwargs) if not point_out(p) and p not in left_out]
 
     with mock.patch.object(estimator, "_calibrate", calibrate_without), \
             mock.patch.object(estimator, "_measured_points", points_without):
@@ -516,6 +546,7 @@ ERROR_ROWS = [
     ("ours_vs_rss_all_runs", f"ours (total) vs RSS, median of {3 + MORE_RUNS} runs where 3 spread over {WIDE_SPREAD:.0%}"),
     ("ours_vs_alloc", "ours (allocated) vs allocated peak"),
     ("ours_no_runs_at_batch_vs_rss", "ours (total), no runs at the batch itself (ablation) vs RSS"),
+    ("ours_one_top_run_vs_rss", "ours (total), one run at the largest calibration batch (ablation) vs RSS"),
     ("rule24_vs_rss", "24 B/param rule vs RSS"),
     ("accelerate_vs_rss", "accelerate estimate-memory (16 B/param) vs RSS"),
     ("deepspeed_vs_rss", "DeepSpeed ZeRO-2 1-GPU model states (20 B/param) vs RSS"),

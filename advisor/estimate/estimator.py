@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable
 
 from advisor.config import OptimizerKind, Precision, Strategy
@@ -253,7 +254,7 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
 
     from advisor.errors import TrialError
     from advisor.estimate import calcache
-    from advisor.estimate.calibrate import calibrate_cpu, calibration_batches, mapped_regime_note
+    from advisor.estimate.calibrate import calibrate_cpu, calibration_batches, mapped_regime_note, top_runs
 
     request = req.model_dump(mode="json")
     key = json.dumps([workload, workload_args or {}, fingerprint(), request, at_batch], sort_keys=True, default=str)
@@ -265,9 +266,9 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
             reused = " (runs of an earlier estimate on this host, kept in the data dir)"
             _CALIBRATIONS[key] = kept
         else:
-            at = f" and {req.batch_size} (x{at_batch})" if at_batch else ""
-            report(f"calibrating: real steps in fresh processes at batch sizes "
-                   f"{', '.join(map(str, calibration_batches(req.batch_size)))}{at}")
+            sizes = calibration_batches(req.batch_size)
+            at = f" and {req.batch_size} (x{at_batch})" if at_batch else f" ({sizes[-1]} x{top_runs(at_batch)})"
+            report(f"calibrating: real steps in fresh processes at batch sizes {', '.join(map(str, sizes))}{at}")
             try:
                 _CALIBRATIONS[key] = calibrate_cpu(workload, workload_args or {}, req, bm, at_batch=at_batch)
             except TrialError as exc:  # the real step fails here (e.g. no kernel for this dtype): the trace stands alone
@@ -281,7 +282,9 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
     if reused:
         report(f"calibration reused{reused}")
     calib, bm = _CALIBRATIONS[key]
-    notes.append(f"calibrated on this CPU with real steps at batch sizes {', '.join(map(str, calib.batches))}{reused}: "
+    counts = Counter(b for b, _, _ in calib.rss)
+    sizes = ", ".join(f"{b} x{counts[b]}" if counts[b] > 1 else str(b) for b in calib.batches)
+    notes.append(f"calibrated on this CPU with real steps at batch sizes {sizes}{reused}: "
                  f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps that, and "
                  f"at least {calib.noise_share():.0%} of its resident set, clear)")
     fixed = sorted({(b, t) for b, _, t in calib.rss if t is not None})
