@@ -91,3 +91,23 @@ def test_a_contiguous_copy_inside_a_kernel_is_measured_where_the_target_is_this_
     assert real - plain.peak_bytes >= 15 << 20, "the kernel's copy is what the plain trace misses"
     assert probed.probed_copies >= 1
     assert probed.peak_bytes == pytest.approx(real, rel=0.01), (probed.peak_bytes, real)
+
+
+def test_traces_probed_for_copies_at_two_batch_sizes_extrapolate_per_allocation() -> None:
+    # 256 positions: softmax's backward copies 256 KiB of transposed gradient per sample, under 1 MiB at
+    # batch 2 and over it at 8. A size threshold on the probe had the trace at 8 probe the op and the one
+    # at 2 not: the two traces then made different allocations, and the batch model fell back to
+    # interpolating peak moments, whose long-lived peak came out wrong away from the traced batches
+    from pathlib import Path
+
+    from advisor.estimate.batchmodel import BatchModel
+    from advisor.estimate.strategy import persistent_transient
+
+    wl = load_workload(f"{Path(__file__).with_name('strided_attention.py')}:build", {"positions": 256})
+    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False, cpu_workspaces=True)
+    hi, lo, mid = (trace_training(wl, b, **kw) for b in (8, 2, 4))
+    assert hi.probed_copies >= 1 and lo.probed_copies == hi.probed_copies
+    bm = BatchModel(a=8, trace_a=hi, c=2, trace_c=lo)
+    assert bm.aligned is not None, "the two traces make the same allocations"
+    assert bm.at(4).peak_bytes == pytest.approx(mid.peak_bytes, rel=0.01)
+    assert persistent_transient(bm.at(4).curve) == pytest.approx(persistent_transient(mid.curve), rel=0.01)
