@@ -35,16 +35,26 @@ class BatchModel:
     retrace: Callable[[int], Trace] | None = None
     exact: dict[int, Trace] = field(default_factory=dict)  # batch sizes traced on their own
 
+    @staticmethod
+    def _allocations(trace: Trace) -> np.ndarray:
+        """Which events allocate: each allocation's first event. Not the sign of its size: an
+        allocation may be 0 bytes in one trace and not in the other (a probed op's scratch,
+        trace._scratch_event)."""
+        first = np.zeros(len(trace.ids), dtype=bool)
+        first[np.unique(trace.ids, return_index=True)[1]] = True
+        return first
+
     @cached_property
-    def aligned(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
-        """(category of each allocation, its size at a, its size at c, and its untouched bytes at a and
-        at c or None), when both traces make the same allocations in the same order and free them at
-        the same events; else None. Computed once: at() runs for every step of the max-batch search."""
+    def aligned(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
+                               np.ndarray | None] | None:
+        """(which of trace a's events allocate, category of each allocation, its size at a, its size at
+        c, and its untouched bytes at a and at c or None), when both traces make the same allocations
+        in the same order; else None. Computed once: at() runs for every step of the max-batch search."""
         ta, tc = self.trace_a, self.trace_c
         if tc is None or len(ta.sizes) != len(tc.sizes):
             return None
-        alloc = ta.sizes > 0
-        if not np.array_equal(alloc, tc.sizes > 0) or not np.array_equal(ta.ids[alloc], tc.ids[alloc]):
+        alloc = self._allocations(ta)
+        if not np.array_equal(alloc, self._allocations(tc)) or not np.array_equal(ta.ids[alloc], tc.ids[alloc]):
             return None
         n = int(ta.ids.max()) + 1 if len(ta.ids) else 0
 
@@ -53,13 +63,18 @@ class BatchModel:
             out[ids[alloc]] = events[alloc]
             return out
 
-        # an allocation's category: the column its event moves in trace a's curve
-        step = np.diff(ta.curve, axis=0, prepend=np.zeros((1, ta.curve.shape[1]), np.int64))
+        # an allocation's category: the column its event moves in trace a's curve, or in c's where it is
+        # 0 bytes in a
+        def steps(t: Trace) -> np.ndarray:
+            return np.diff(t.curve, axis=0, prepend=np.zeros((1, t.curve.shape[1]), np.int64))[alloc]
+
+        step = steps(ta)
+        step = np.where(np.any(step != 0, axis=1, keepdims=True), step, steps(tc))
         label = np.zeros(n, np.int64)
-        label[ta.ids[alloc]] = np.argmax(np.abs(step[alloc]), axis=1)
+        label[ta.ids[alloc]] = np.argmax(np.abs(step), axis=1)
         untouched = (None, None) if ta.untouched is None or tc.untouched is None else (
             per_alloc(ta.untouched, ta.ids), per_alloc(tc.untouched, tc.ids))
-        return label, per_alloc(ta.sizes, ta.ids), per_alloc(tc.sizes, tc.ids), *untouched
+        return alloc, label, per_alloc(ta.sizes, ta.ids), per_alloc(tc.sizes, tc.ids), *untouched
 
     def at(self, b: int) -> Trace:
         if b in self.exact:
@@ -75,12 +90,12 @@ class BatchModel:
                 raise ValueError("batch model has one trace and cannot retrace")
             return self._peaks_at(b)
         ta = self.trace_a
-        label, size_a, size_c, unt_a, unt_c = self.aligned
+        alloc, label, size_a, size_c, unt_a, unt_c = self.aligned
         f = (b - self.a) / (self.c - self.a)
 
         def interpolated(x_a: np.ndarray, x_c: np.ndarray) -> np.ndarray:
             x = np.maximum(np.rint(x_a + f * (x_c - x_a)), 0).astype(np.int64)
-            return np.where(ta.sizes > 0, x[ta.ids], -x[ta.ids])
+            return np.where(alloc, x[ta.ids], -x[ta.ids])
 
         sizes = interpolated(size_a, size_c)
         onehot = np.zeros(ta.curve.shape, np.int64)

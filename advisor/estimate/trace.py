@@ -246,26 +246,28 @@ def _rnn_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
         written = resident_bytes(workspace.data_ptr(), workspace.nbytes)
         tracker.track(workspace, untouched=workspace.nbytes - (workspace.nbytes if written is None else written))
         return out
-    if not tracker.cpu_workspaces or not _affordable(args):
-        return out
-    key = _probe_key(torch.ops.aten.mkldnn_rnn_layer.default, args)
-    if key not in tracker.workspace_bytes:
-        # not under no_grad: the kernel keeps a workspace only when gradients are on (inputs need none)
-        with unset_fake_temporarily():
-            try:
-                found = torch.ops.aten.mkldnn_rnn_layer.default(*_real_like(args))[3]
-            except Exception:  # noqa: BLE001 - no kernel for this here (bf16 LSTM without AVX512-BF16): none to size
-                found = None
-            n = int(found.nbytes) if found is not None else 0
-            written = resident_bytes(found.data_ptr(), n) if found is not None else None
-            tracker.workspace_bytes[key] = n
-            tracker.workspace_untouched[key] = n - (n if written is None else written)
-            del found
-    n = tracker.workspace_bytes[key]
-    if n != workspace.nbytes:
-        workspace = torch.empty(n, dtype=torch.uint8, device=workspace.device)
-        out = (*out[:3], workspace)
-    tracker.track(workspace, untouched=tracker.workspace_untouched[key])
+    untouched = 0
+    if tracker.cpu_workspaces and _affordable(args):
+        key = _probe_key(torch.ops.aten.mkldnn_rnn_layer.default, args)
+        if key not in tracker.workspace_bytes:
+            # not under no_grad: the kernel keeps a workspace only when gradients are on (inputs need none)
+            with unset_fake_temporarily():
+                try:
+                    found = torch.ops.aten.mkldnn_rnn_layer.default(*_real_like(args))[3]
+                except Exception:  # noqa: BLE001 - no kernel for this here (bf16 LSTM without AVX512-BF16): none to size
+                    found = None
+                n = int(found.nbytes) if found is not None else 0
+                written = resident_bytes(found.data_ptr(), n) if found is not None else None
+                tracker.workspace_bytes[key] = n
+                tracker.workspace_untouched[key] = n - (n if written is None else written)
+                del found
+        n = tracker.workspace_bytes[key]
+        if n != workspace.nbytes:
+            workspace = torch.empty(n, dtype=torch.uint8, device=workspace.device)
+            out = (*out[:3], workspace)
+        untouched = tracker.workspace_untouched[key]
+    # recorded first whether sized or not, so two traces' allocations come in the same order (batchmodel.py)
+    tracker.track(workspace, untouched=untouched)
     return out
 
 
@@ -384,25 +386,38 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
     from advisor.measure import replay_memory_events
 
     kwargs = kwargs or {}
-    if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]) or not _affordable((args, kwargs)):
+    if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]):
         return
-    key = _probe_key(func, args, kwargs)
-    if copy:
-        tracker.copy_probes.add(key)
-    if key not in tracker.workspace_bytes:
-        with unset_fake_temporarily():
-            try:
-                real, real_kwargs = _real_like((args, kwargs))
-                with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                    func(*real, **real_kwargs)
-                peak, final = replay_memory_events(prof)
-            except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
-                peak = final = 0
-            tracker.workspace_bytes[key] = max(0, peak - final)
-    if tracker.workspace_bytes[key]:
-        scratch = torch.empty(tracker.workspace_bytes[key], dtype=torch.uint8)  # fake: the mode beneath is fake
-        tracker.track(scratch)
-        del scratch
+    n = 0
+    if _affordable((args, kwargs)):
+        key = _probe_key(func, args, kwargs)
+        if copy:
+            tracker.copy_probes.add(key)
+        if key not in tracker.workspace_bytes:
+            with unset_fake_temporarily():
+                try:
+                    real, real_kwargs = _real_like((args, kwargs))
+                    with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                        func(*real, **real_kwargs)
+                    peak, final = replay_memory_events(prof)
+                except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
+                    peak = final = 0
+                tracker.workspace_bytes[key] = max(0, peak - final)
+        n = tracker.workspace_bytes[key]
+    _scratch_event(tracker, n)
+
+
+def _scratch_event(tracker: _Tracker, nbytes: int) -> None:
+    """A fake allocation of a probed op's scratch that dies at once, recorded for every candidate op
+    even where it is 0 bytes (the probe found none, or its inputs were past PROBE_INPUT_LIMIT): the
+    batch model matches two traces' allocations by their order (batchmodel.py), and a probe that
+    measures scratch at one batch size and none at the other (a limit crossed between them, a kernel
+    that copies only past some size) must not shift that order."""
+    import torch
+
+    scratch = torch.empty(nbytes, dtype=torch.uint8)  # fake: the mode beneath is fake
+    tracker.track(scratch)
+    del scratch
 
 
 @functools.lru_cache(maxsize=1)
@@ -426,32 +441,32 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: 
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.utils._pytree import tree_flatten
 
-    if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]) or not _affordable((args, kwargs)):
+    if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]):
         return out
-    key = _probe_key(func, args, kwargs)
-    if copy:
-        tracker.copy_probes.add(key)
-    if key not in tracker.workspace_bytes:
-        tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32  # as training sets it
-        with unset_fake_temporarily():
-            try:
-                real, real_kwargs = _real_like((args, kwargs), "cuda")
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                result = func(*real, **real_kwargs)
-                torch.cuda.synchronize()
-                tracker.workspace_bytes[key] = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
-                del result, real, real_kwargs
-            except Exception:  # noqa: BLE001 - no kernel or no room for it on the GPU now: nothing sized, never a failed trace
-                tracker.workspace_bytes[key] = 0
-            finally:
-                torch.backends.cudnn.allow_tf32 = tf32
+    n = 0
+    if _affordable((args, kwargs)):
+        key = _probe_key(func, args, kwargs)
+        if copy:
+            tracker.copy_probes.add(key)
+        if key not in tracker.workspace_bytes:
+            tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32  # as training sets it
+            with unset_fake_temporarily():
+                try:
+                    real, real_kwargs = _real_like((args, kwargs), "cuda")
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    result = func(*real, **real_kwargs)
+                    torch.cuda.synchronize()
+                    tracker.workspace_bytes[key] = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
+                    del result, real, real_kwargs
+                except Exception:  # noqa: BLE001 - no kernel or no room for it on the GPU now: nothing sized, never a failed trace
+                    tracker.workspace_bytes[key] = 0
+                finally:
+                    torch.backends.cudnn.allow_tf32 = tf32
+        n = tracker.workspace_bytes[key]
     for t in tree_flatten(out)[0]:
         tracker.track(t)
-    if tracker.workspace_bytes[key]:
-        workspace = torch.empty(tracker.workspace_bytes[key], dtype=torch.uint8)  # fake: the mode beneath is fake
-        tracker.track(workspace)
-        del workspace
+    _scratch_event(tracker, n)
     return out
 
 

@@ -111,3 +111,25 @@ def test_traces_probed_for_copies_at_two_batch_sizes_extrapolate_per_allocation(
     assert bm.aligned is not None, "the two traces make the same allocations"
     assert bm.at(4).peak_bytes == pytest.approx(mid.peak_bytes, rel=0.01)
     assert persistent_transient(bm.at(4).curve) == pytest.approx(persistent_transient(mid.curve), rel=0.01)
+
+
+def test_a_probe_past_its_input_limit_at_one_batch_size_keeps_the_traces_aligned(monkeypatch) -> None:
+    # Softmax's backward on 256 positions takes 512 KiB of inputs per sample: 1 MiB at batch 2, 4 MiB at
+    # 8. With the probe's input limit between them the op is probed at 2 and left unsized at 8; its
+    # scratch is then 0 bytes at 8, and a trace that recorded no allocation for it there made the two
+    # traces' allocations differ, so the batch model fell back to interpolating peak moments
+    from pathlib import Path
+
+    from advisor.estimate import trace as trace_mod
+    from advisor.estimate.batchmodel import BatchModel
+    from advisor.estimate.strategy import persistent_transient
+
+    monkeypatch.setattr(trace_mod, "PROBE_INPUT_LIMIT", 5 << 19)  # 2.5 MiB
+    wl = load_workload(f"{Path(__file__).with_name('strided_attention.py')}:build", {"positions": 256})
+    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False, cpu_workspaces=True)
+    hi, lo, mid = (trace_training(wl, b, **kw) for b in (8, 2, 4))
+    assert lo.probed_copies > hi.probed_copies, "the limit falls between the two batch sizes"
+    bm = BatchModel(a=8, trace_a=hi, c=2, trace_c=lo)
+    assert bm.aligned is not None, "the two traces make the same allocations, some of 0 bytes in one"
+    # the long-lived tensors are the same allocations at every batch size: extrapolated exactly
+    assert persistent_transient(bm.at(4).curve)[0] == pytest.approx(persistent_transient(mid.curve)[0], rel=0.01)
