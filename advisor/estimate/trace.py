@@ -14,7 +14,7 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -388,23 +388,32 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
     kwargs = kwargs or {}
     if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]):
         return
-    n = 0
-    if _affordable((args, kwargs)):
-        key = _probe_key(func, args, kwargs)
-        if copy:
-            tracker.copy_probes.add(key)
-        if key not in tracker.workspace_bytes:
-            with unset_fake_temporarily():
-                try:
-                    real, real_kwargs = _real_like((args, kwargs))
-                    with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                        func(*real, **real_kwargs)
-                    peak, final = replay_memory_events(prof)
-                except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
-                    peak = final = 0
-                tracker.workspace_bytes[key] = max(0, peak - final)
-        n = tracker.workspace_bytes[key]
-    _scratch_event(tracker, n)
+
+    def size() -> int:
+        with unset_fake_temporarily():
+            try:
+                real, real_kwargs = _real_like((args, kwargs))
+                with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                    func(*real, **real_kwargs)
+                peak, final = replay_memory_events(prof)
+            except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
+                peak = final = 0
+        return max(0, peak - final)
+
+    _scratch_event(tracker, _probed_bytes(tracker, func, args, kwargs, copy, size))
+
+
+def _probed_bytes(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy: bool, size: Callable[[], int]) -> int:
+    """The scratch of one op shape, measured by `size()` the first time it is seen (cached by
+    `_probe_key`); 0 where its inputs are past PROBE_INPUT_LIMIT. `copy`: see `_real_scratch`."""
+    if not _affordable((args, kwargs)):
+        return 0
+    key = _probe_key(func, args, kwargs)
+    if copy:
+        tracker.copy_probes.add(key)
+    if key not in tracker.workspace_bytes:
+        tracker.workspace_bytes[key] = size()
+    return tracker.workspace_bytes[key]
 
 
 def _scratch_event(tracker: _Tracker, nbytes: int) -> None:
@@ -443,27 +452,25 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: 
 
     if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]):
         return out
-    n = 0
-    if _affordable((args, kwargs)):
-        key = _probe_key(func, args, kwargs)
-        if copy:
-            tracker.copy_probes.add(key)
-        if key not in tracker.workspace_bytes:
-            tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32  # as training sets it
-            with unset_fake_temporarily():
-                try:
-                    real, real_kwargs = _real_like((args, kwargs), "cuda")
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                    result = func(*real, **real_kwargs)
-                    torch.cuda.synchronize()
-                    tracker.workspace_bytes[key] = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
-                    del result, real, real_kwargs
-                except Exception:  # noqa: BLE001 - no kernel or no room for it on the GPU now: nothing sized, never a failed trace
-                    tracker.workspace_bytes[key] = 0
-                finally:
-                    torch.backends.cudnn.allow_tf32 = tf32
-        n = tracker.workspace_bytes[key]
+
+    def size() -> int:
+        tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32  # as training sets it
+        with unset_fake_temporarily():
+            try:
+                real, real_kwargs = _real_like((args, kwargs), "cuda")
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                result = func(*real, **real_kwargs)
+                torch.cuda.synchronize()
+                n = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
+                del result, real, real_kwargs
+                return n
+            except Exception:  # noqa: BLE001 - no kernel or no room for it on the GPU now: nothing sized, never a failed trace
+                return 0
+            finally:
+                torch.backends.cudnn.allow_tf32 = tf32
+
+    n = _probed_bytes(tracker, func, args, kwargs, copy, size)
     for t in tree_flatten(out)[0]:
         tracker.track(t)
     _scratch_event(tracker, n)
