@@ -95,7 +95,8 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     `method`: 'traced' (fake-tensor trace), 'analytic' (decoder formulas), or 'auto' (analytic
     for decoders above settings.trace_param_limit parameters, else traced). `calibrate`: allow
     a short real run at small batches when the target is this machine's CPU, and running each cuDNN
-    convolution shape once on this machine's GPU when that is the target (default: settings).
+    convolution and LSTM layer shape and each reduction once on this machine's GPU when that is the
+    target (default: settings).
     `measured`: refine with measured peaks of the same workload fingerprint, device and knobs
     (`compile_mode` among them) from the default store (True), the given store, or not (False).
     """
@@ -117,8 +118,8 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes, cpu=local_cpu,
                                    device_type=hw.device_type, cuda=probe_gpu)
     if bm.trace_a.sized_kernels:
-        where = ("cuDNN convolution shape(s) once on zeros on this machine's GPU" if bm.trace_a.sized_on == "cuda"
-                 else "oneDNN op shape(s) once on zeros on this CPU")
+        where = ("CUDA op shape(s) (cuDNN's convolutions and LSTM layers, reductions) once on zeros on this machine's "
+                 "GPU" if bm.trace_a.sized_on == "cuda" else "oneDNN op shape(s) once on zeros on this CPU")
         notes.append(f"kernel scratch and workspaces sized by running {bm.trace_a.sized_kernels} {where} "
                      "(fake ops report none)")
     if bm.trace_a.probed_copies:

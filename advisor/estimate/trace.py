@@ -12,6 +12,7 @@ import contextlib
 import functools
 import os
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -72,11 +73,12 @@ class _Tracker:
         self.count_flops = False
         self.param_keys: set[int] = set()  # storages of the model's parameters
         self.cpu_workspaces = False  # size oneDNN's workspaces and scratch by running those ops for real
-        self.cuda_workspaces = False  # size cuDNN's convolution workspaces by running those ops on the GPU
+        self.cuda_workspaces = False  # size CUDA kernels' scratch (`_cuda_scratch_ops`, LSTMs) by running them on the GPU
         self.cudnn_tf32 = False  # whether the run lets cuDNN use TF32 (precision tf32): it picks other algorithms
         self.workspace_bytes: dict[str, int] = {}  # the op's shapes, dtypes and scalars -> bytes
         self.copy_probes: set[str] = set()  # keys of workspace_bytes probed for a contiguous copy of a strided input
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
+        self.rnn_sizes: dict[str, tuple[int, int, int]] = {}  # ... -> cuDNN's LSTM (see `_cudnn_rnn_sizes`)
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
         self.finalizers: dict[int, weakref.finalize] = {}  # storage pointer -> its death notice
         # True between an autograd node's apply and the next node's: the engine is adding the node's
@@ -166,6 +168,8 @@ def _dispatch_mode(tracker: _Tracker):
             out = func(*args, **kwargs)
             if func is torch.ops.aten.mkldnn_rnn_layer.default:
                 out = _rnn_workspace(tracker, args, out)
+            elif tracker.cuda_workspaces and func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
+                out = _cudnn_rnn_backward_scratch(tracker, args, out)
             elif tracker.cpu_workspaces and func in _scratch_ops():
                 _real_scratch(tracker, func, args, kwargs)
             elif tracker.cpu_workspaces and _may_copy_strided(func, args, kwargs):
@@ -266,8 +270,98 @@ def _rnn_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
             workspace = torch.empty(n, dtype=torch.uint8, device=workspace.device)
             out = (*out[:3], workspace)
         untouched = tracker.workspace_untouched[key]
+    elif tracker.cuda_workspaces:
+        reserve, forward_scratch, _ = _cudnn_rnn_sizes(tracker, args)
+        if reserve != workspace.nbytes:
+            workspace = torch.empty(reserve, dtype=torch.uint8, device=workspace.device)
+            out = (*out[:3], workspace)
+        # cuDNN's forward workspace: taken after the outputs and the reserve, freed inside the op
+        tracker.track(workspace)
+        for t in out[:3]:
+            tracker.track(t)
+        _scratch_event(tracker, forward_scratch)
+        return out
     # recorded first whether sized or not, so two traces' allocations come in the same order (batchmodel.py)
     tracker.track(workspace, untouched=untouched)
+    return out
+
+
+# cuDNN's and ideep's enum for an LSTM (cudnnRNNMode_t CUDNN_LSTM; ideep::rnn_kind::LSTM), the one RNN
+# kind that takes the CPU's mkldnn_rnn_layer path
+_LSTM_MODE = 2
+
+
+def _cudnn_rnn_sizes(tracker: _Tracker, args: tuple) -> tuple[int, int, int]:
+    """cuDNN's LSTM on this machine's GPU (the target) for one layer of the shapes the CPU trace runs
+    per layer (mkldnn_rnn_layer: input (T, B, I), its four weights, h0 and c0 (B, H)): (reserve space
+    bytes, forward workspace bytes, backward workspace bytes). The reserve space is kept from forward
+    to backward, where the CPU's fake op keeps a workspace of 0 bytes; the workspaces come from the
+    caching allocator inside each op and are freed before it returns. Measured by running
+    `_cudnn_rnn` and `_cudnn_rnn_backward` once on zeros, each workspace as the allocator's peak over
+    what its op leaves allocated (`_cuda_scratch_of`); 0 for what cannot run here (the trace then
+    counts none of it, as on other targets). A real multi-layer LSTM runs all layers in one cuDNN call, whose reserve space also
+    holds the layers' outputs the CPU trace keeps as tensors: taken per layer, the estimate counts
+    those (L - 1) outputs twice."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    inp, weights, hx, cx = args[0], args[1:5], args[5], args[6]
+    hidden, mode, has_biases = args[10], args[9], args[12]
+    if mode != _LSTM_MODE or not _affordable(args):
+        return 0, 0, 0
+    key = _probe_key(torch.ops.aten._cudnn_rnn.default, args[:7])
+    if key not in tracker.workspace_bytes:
+        tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32
+        sizes = (0, 0, 0)
+        with unset_fake_temporarily():
+            try:
+                def zeros(t: Any, shape: tuple | None = None) -> Any:
+                    return torch.zeros(shape or t.shape, dtype=inp.dtype, device="cuda")
+
+                x = zeros(inp)
+                w = [zeros(t) for t in (weights if has_biases else weights[:2])]
+                h0, c0 = zeros(hx, (1, *hx.shape)), zeros(cx, (1, *cx.shape))
+                flat = dict(weight_stride0=len(w), mode=mode, hidden_size=hidden, proj_size=0, num_layers=1,
+                            batch_first=False, dropout=0.0, train=True, bidirectional=False, batch_sizes=[],
+                            dropout_state=None)
+                out, forward = _cuda_scratch_of(lambda: torch.ops.aten._cudnn_rnn(x, w, weight_buf=None, hx=h0,
+                                                                                  cx=c0, **flat))
+                sizes = (int(out[3].nbytes), forward, 0)
+                grad_out = torch.zeros_like(out[0])
+                _, backward = _cuda_scratch_of(lambda: torch.ops.aten._cudnn_rnn_backward(
+                    x, w, weight_buf=out[4], hx=h0, cx=c0, output=out[0], grad_output=grad_out, grad_hy=None,
+                    grad_cy=None, reserve=out[3], output_mask=[True, True, True, True], **flat))
+                sizes = (*sizes[:2], backward)
+            except Exception:  # noqa: BLE001 - no cuDNN or no room on the GPU now: what was sized stays, never a failed trace
+                pass
+            finally:
+                torch.backends.cudnn.allow_tf32 = tf32
+        tracker.workspace_bytes[key] = sizes[0]  # one probed shape (Trace.sized_kernels)
+        tracker.rnn_sizes[key] = sizes
+    return tracker.rnn_sizes[key]
+
+
+def _cuda_scratch_of(call: Callable[[], Any]) -> tuple[Any, int]:
+    """(call()'s result, the scratch it took on the GPU: the caching allocator's peak during the call
+    over what stays allocated after it, its result included)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    result = call()
+    torch.cuda.synchronize()
+    return result, max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
+
+
+def _cudnn_rnn_backward_scratch(tracker: _Tracker, args: tuple, out: Any) -> Any:
+    """cuDNN's backward workspace for the layer `args` (mkldnn_rnn_layer_backward's, whose first seven
+    arguments are its forward's), after the op's outputs (see `_cudnn_rnn_sizes`)."""
+    from torch.utils._pytree import tree_flatten
+
+    for t in tree_flatten(out)[0]:
+        tracker.track(t)
+    _scratch_event(tracker, _cudnn_rnn_sizes(tracker, (*args[:7], None, None, args[14], args[15], None,
+                                                       args[17]))[2])
     return out
 
 
@@ -431,20 +525,29 @@ def _scratch_event(tracker: _Tracker, nbytes: int) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _cuda_scratch_ops() -> frozenset:
-    """Ops whose CUDA kernels (cuDNN's convolutions) take a workspace from the caching allocator
-    inside the op: its size comes from the algorithm cuDNN picks for the GPU, shape and dtype."""
+    """Ops whose CUDA kernels take scratch from the caching allocator inside the op: cuDNN's
+    convolutions (a workspace whose size comes from the algorithm cuDNN picks for the GPU, shape and
+    dtype), and reductions, whose kernel (gpu_reduce_kernel) takes a buffer for partial results where
+    it splits each output over several blocks (its size follows the launch configuration torch picks
+    for the GPU and shape: seen on an H100, 64 MiB for the bias gradient of a 2048-wide linear layer at
+    batch 4096, a sum over 32 MiB in fp32 and over 16 MiB in bf16 alike)."""
     import torch
 
     aten = torch.ops.aten
-    return frozenset({aten.convolution.default, aten.convolution_backward.default})
+    reductions = {aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim, aten.nansum.default,
+                  aten.prod.default, aten.prod.dim_int, aten.amax.default, aten.amin.default, aten.max.dim,
+                  aten.min.dim, aten.argmax.default, aten.argmin.default, aten.linalg_vector_norm.default,
+                  aten.var.correction, aten.std.correction, aten.var_mean.correction, aten.std_mean.correction,
+                  aten.any.dim, aten.all.dim}
+    return frozenset({aten.convolution.default, aten.convolution_backward.default, *reductions})
 
 
 def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: Any, copy: bool = False) -> Any:
-    """cuDNN's convolution workspace (or a kernel's contiguous copy of a strided input,
-    `_may_copy_strided`), which the CPU's fake ops know nothing of: run the op once on zeros of the
-    same shapes, strides and dtypes on this machine's GPU (the target) and take the allocator's peak
-    over what the op leaves allocated (its outputs). The workspace is taken after the outputs and
-    freed before the op returns, so the trace records the outputs, then a fake allocation of the
+    """cuDNN's convolution workspace, a reduction's buffer (`_cuda_scratch_ops`) or a kernel's contiguous
+    copy of a strided input (`_may_copy_strided`), which the CPU's fake ops know nothing of: run the op
+    once on zeros of the same shapes, strides and dtypes on this machine's GPU (the target) and take
+    the allocator's peak over what the op leaves allocated (its outputs). The workspace is taken after
+    the outputs and freed before the op returns, so the trace records the outputs, then a fake allocation of the
     workspace's size that dies at once. `copy`: as in `_real_scratch`."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -458,13 +561,7 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: 
         with unset_fake_temporarily():
             try:
                 real, real_kwargs = _real_like((args, kwargs), "cuda")
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                result = func(*real, **real_kwargs)
-                torch.cuda.synchronize()
-                n = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
-                del result, real, real_kwargs
-                return n
+                return _cuda_scratch_of(lambda: func(*real, **real_kwargs))[1]
             except Exception:  # noqa: BLE001 - no kernel or no room for it on the GPU now: nothing sized, never a failed trace
                 return 0
             finally:
@@ -534,7 +631,12 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     tracker.cudnn_tf32 = precision == Precision.tf32  # advisor.training.set_matmul_precision's switch
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     try:
-        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker):
+        # the cuDNN LSTM probe hands _cudnn_rnn unflattened weights (`_cudnn_rnn_sizes`): torch warns,
+        # at the LSTM's own call, of a copy that a user's flattened module never makes
+        quiet = warnings.catch_warnings() if tracker.cuda_workspaces else contextlib.nullcontext()
+        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), quiet:
+            if tracker.cuda_workspaces:
+                warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
             torch.manual_seed(0)
             model = workload.build_model()
             params = [p for p in model.parameters()]
