@@ -369,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                     "the current code; their measured peaks stay (identical runs give identical CUDA peaks)")
     ap.add_argument("--jobs", type=int, default=0, help="estimate in this many worker processes, ahead of the "
                     "measurements (0: each estimate beside its own measurement, in this process)")
+    ap.add_argument("--only", default=None, help="comma-separated workload names: with --resume --reestimate, estimate "
+                    "only these again (the other kept cases stay as they are)")
     ap.add_argument("--render-only", action="store_true", help="rewrite the markdown from --out and print it")
     ap.add_argument("--child-memtracker-cuda", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -407,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                  "planned_cases": len(plan), "source": source_fingerprint(), "finished": False},
         "cases": [], "summary": {}, "max_batch": [],
     }
+    only = set(args.only.split(",")) if args.only else None
     done: dict[str, dict[str, Any]] = {}
     prev_run = None
     if args.resume and args.out.exists():
@@ -432,14 +435,18 @@ def main(argv: list[str] | None = None) -> int:
         # --jobs: every estimate the plan needs is submitted at once to worker processes (the host's
         # CPUs trace while the GPU measures); without it each runs here beside its measurement
         ahead: dict[str, Future] = {}
+
+        def kept(wc: WorkloadCase, key: str) -> bool:  # kept as measured and estimated before
+            return key in done and (not args.reestimate or (only is not None and wc.workload not in only))
+
         if workers is not None:
             for wc, prec, opt, b in plan:
                 key = case_key(wc, prec, opt, b)
-                if key not in done or args.reestimate:
+                if not kept(wc, key):
                     ahead[key] = workers.submit(estimate_fields, wc, prec, opt, b)
         for i, (wc, prec, opt, b) in enumerate(plan):
             key = case_key(wc, prec, opt, b)
-            if key in done and not args.reestimate:
+            if kept(wc, key):
                 res["cases"].append(done[key])
                 continue
             if out_of_time():
