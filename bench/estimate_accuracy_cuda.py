@@ -334,7 +334,8 @@ def write_markdown(path: Path, res: dict[str, Any]) -> None:
                  "—" if m.get("ratio") is None else f"{m['ratio']:.3f}", "yes" if m.get("goal_met") else "NO"]
                 for m in res["max_batch"]]
         parts += ["Largest batch under a cap (the device's memory set to the cap, margin 0) against a bisection of "
-                  "measured max_memory_reserved ≤ the estimate's usable memory (the cap less the CUDA context):", "",
+                  "measured max_memory_reserved ≤ the estimate's usable memory (the cap less the CUDA context)"
+                  + (f" ({meta['max_batch_note']})" if meta.get("max_batch_note") else "") + ":", "",
                   _md_table(["workload", "prec", "opt", "cap GB", "ours", "real", "ours / real", "0.9-1.0"], rows), ""]
     _atomic_write(path, "\n".join(parts))
 
