@@ -5,11 +5,12 @@ bench's misses, not a benchmark. Needs a CUDA GPU.
     python bench/cuda_peak_blocks.py --case mlp:fp32:adamw:4096 --case bert-base:bf16:adamw:32:seq_len=512 [--out peaks.jsonl]
 
 Each case runs DESIGN.md's CUDA protocol (advisor.measure, mode 'cuda') in a fresh process with the
-caching allocator's history recorded (torch.cuda.memory._record_memory_history, Python stacks), then
-replays the history: at the allocated peak, the live blocks grouped by the first frame of ours or of
-torch.nn / torch.optim / torch.autograd that allocated them (bytes, count, largest; with --stacks all,
-a block allocated inside an op by the C++ frame that asked), and the 40 largest blocks; at the reserved
-peak, the segments (count, bytes) and the bytes free inside them. One JSON line per case.
+caching allocator's history recorded (torch.cuda.memory._record_memory_history; Python stacks, C++
+frames too with --stacks all), then replays the history: at the allocated peak, the live blocks
+grouped by the first frame of ours or of torch.nn / torch.optim / torch.autograd that allocated them
+(bytes, count, largest; with --stacks all, a block allocated inside an op by the C++ frame that
+asked), and the 40 largest blocks; at the reserved peak, the segments (count, sizes) and what was
+allocated in them then. One JSON line per case.
 """
 
 from __future__ import annotations

@@ -299,9 +299,9 @@ def _cudnn_rnn_sizes(tracker: _Tracker, args: tuple) -> tuple[int, int, int]:
     caching allocator inside each op and are freed before it returns. Measured by running
     `_cudnn_rnn` and `_cudnn_rnn_backward` once on zeros, each workspace as the allocator's peak over
     what its op leaves allocated (`_cuda_scratch_of`); 0 for what cannot run here (the trace then
-    counts none of it, as on other targets). A real multi-layer LSTM runs all layers in one cuDNN call, whose reserve space also
-    holds the layers' outputs the CPU trace keeps as tensors: taken per layer, the estimate counts
-    those (L - 1) outputs twice."""
+    counts none of it, as on other targets). A real multi-layer LSTM runs all layers in one cuDNN
+    call, whose reserve space also holds the layers' outputs the CPU trace keeps as tensors: taken
+    per layer, the estimate counts those (L - 1) outputs twice."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -547,8 +547,8 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: 
     copy of a strided input (`_may_copy_strided`), which the CPU's fake ops know nothing of: run the op
     once on zeros of the same shapes, strides and dtypes on this machine's GPU (the target) and take
     the allocator's peak over what the op leaves allocated (its outputs). The workspace is taken after
-    the outputs and freed before the op returns, so the trace records the outputs, then a fake allocation of the
-    workspace's size that dies at once. `copy`: as in `_real_scratch`."""
+    the outputs and freed before the op returns, so the trace records the outputs, then a fake
+    allocation of the workspace's size that dies at once. `copy`: as in `_real_scratch`."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.utils._pytree import tree_flatten
