@@ -271,7 +271,9 @@ def _rnn_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
             out = (*out[:3], workspace)
         untouched = tracker.workspace_untouched[key]
     elif tracker.cuda_workspaces:
-        reserve, forward_scratch, _ = _cudnn_rnn_sizes(tracker, args)
+        # mkldnn_rnn_layer(input, w0..w3, hx, cx, reverse, batch_sizes, mode, hidden_size, num_layers, has_biases, ...)
+        reserve, forward_scratch, _ = _cudnn_rnn_sizes(tracker, args[:7], hidden=args[10], mode=args[9],
+                                                       has_biases=args[12])
         if reserve != workspace.nbytes:
             workspace = torch.empty(reserve, dtype=torch.uint8, device=workspace.device)
             out = (*out[:3], workspace)
@@ -291,26 +293,28 @@ def _rnn_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
 _LSTM_MODE = 2
 
 
-def _cudnn_rnn_sizes(tracker: _Tracker, args: tuple) -> tuple[int, int, int]:
+def _cudnn_rnn_sizes(tracker: _Tracker, tensors: tuple, hidden: int, mode: int,
+                     has_biases: bool) -> tuple[int, int, int]:
     """cuDNN's LSTM on this machine's GPU (the target) for one layer of the shapes the CPU trace runs
-    per layer (mkldnn_rnn_layer: input (T, B, I), its four weights, h0 and c0 (B, H)): (reserve space
-    bytes, forward workspace bytes, backward workspace bytes). The reserve space is kept from forward
-    to backward, where the CPU's fake op keeps a workspace of 0 bytes; the workspaces come from the
-    caching allocator inside each op and are freed before it returns. Measured by running
-    `_cudnn_rnn` and `_cudnn_rnn_backward` once on zeros, each workspace as the allocator's peak over
-    what its op leaves allocated (`_cuda_scratch_of`); 0 for what cannot run here (the trace then
-    counts none of it, as on other targets). A real multi-layer LSTM runs all layers in one cuDNN
-    call, whose reserve space also holds the layers' outputs the CPU trace keeps as tensors: taken
-    per layer, the estimate counts those (L - 1) outputs twice."""
+    per layer (`tensors`, the first seven arguments of mkldnn_rnn_layer and of its backward: input
+    (T, B, I), its four weights, h0 and c0 (B, H)): (reserve space bytes, forward workspace bytes,
+    backward workspace bytes). The reserve space is kept from forward to backward, where the CPU's
+    fake op keeps a workspace of 0 bytes; the workspaces come from the caching allocator inside each
+    op and are freed before it returns. Measured by running `_cudnn_rnn` and `_cudnn_rnn_backward`
+    once on zeros, each workspace as the allocator's peak over what its op leaves allocated
+    (`_cuda_scratch_of`), cached as one probed shape (`_probed_bytes`); 0 for what cannot run here
+    (the trace then counts none of it, as on other targets). A real multi-layer LSTM runs all layers
+    in one cuDNN call, whose reserve space also holds the layers' outputs the CPU trace keeps as
+    tensors: taken per layer, the estimate counts those (L - 1) outputs twice."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    inp, weights, hx, cx = args[0], args[1:5], args[5], args[6]
-    hidden, mode, has_biases = args[10], args[9], args[12]
-    if mode != _LSTM_MODE or not _affordable(args):
+    if mode != _LSTM_MODE:
         return 0, 0, 0
-    key = _probe_key(torch.ops.aten._cudnn_rnn.default, args[:7])
-    if key not in tracker.workspace_bytes:
+    inp, weights, hx, cx = tensors[0], tensors[1:5], tensors[5], tensors[6]
+    key = _probe_key(torch.ops.aten._cudnn_rnn.default, tensors)
+
+    def size() -> int:  # the reserve space; all three sizes go to tracker.rnn_sizes
         tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32
         sizes = (0, 0, 0)
         with unset_fake_temporarily():
@@ -336,9 +340,11 @@ def _cudnn_rnn_sizes(tracker: _Tracker, args: tuple) -> tuple[int, int, int]:
                 pass
             finally:
                 torch.backends.cudnn.allow_tf32 = tf32
-        tracker.workspace_bytes[key] = sizes[0]  # one probed shape (Trace.sized_kernels)
         tracker.rnn_sizes[key] = sizes
-    return tracker.rnn_sizes[key]
+        return sizes[0]
+
+    _probed_bytes(tracker, torch.ops.aten._cudnn_rnn.default, tensors, {}, False, size)
+    return tracker.rnn_sizes.get(key, (0, 0, 0))  # absent: inputs past PROBE_INPUT_LIMIT
 
 
 def _cuda_scratch_of(call: Callable[[], Any]) -> tuple[Any, int]:
@@ -360,8 +366,9 @@ def _cudnn_rnn_backward_scratch(tracker: _Tracker, args: tuple, out: Any) -> Any
 
     for t in tree_flatten(out)[0]:
         tracker.track(t)
-    _scratch_event(tracker, _cudnn_rnn_sizes(tracker, (*args[:7], None, None, args[14], args[15], None,
-                                                       args[17]))[2])
+    # mkldnn_rnn_layer_backward(input, w0..w3, hx, cx, output, hy, cy, grad_output, grad_hy, grad_cy, reverse,
+    #                           mode, hidden_size, num_layers, has_biases, ...)
+    _scratch_event(tracker, _cudnn_rnn_sizes(tracker, args[:7], hidden=args[15], mode=args[14], has_biases=args[17])[2])
     return out
 
 
