@@ -35,7 +35,7 @@ browser:
 
 # Two pytest workers, each taking whole test files (their module fixtures are set up once): the
 # suite waits on subprocesses, Ray and real runs as much as it computes, so two overlap well on two
-# cores (15 min alone, 12 min so, on the CI VM). TEST_WORKERS=0 runs it in one process.
+# cores (session 31's 2-vCPU VM: 15 min alone, 11-12 min so). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: install browser
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-# Each test run gets a data dir of its own: the store, measured peaks, trial scratch, Ray's temp dir
-# and the inductor cache are shared by this run's tests and by nothing else (not a user's data dir,
+# Each test process (each xdist worker under `make test`) gets a data dir of its own: the store,
+# measured peaks, trial scratch, Ray's temp dir and the inductor cache are shared by that process's
+# tests (a worker takes whole files) and by nothing else (not a user's data dir,
 # not an earlier run, whose measured peaks would refine the estimates under test). Set before any
 # test reads the settings; short, because Ray's socket paths live under it.
 _DATA_DIR = tempfile.mkdtemp(prefix="advtest-")
