@@ -3,7 +3,7 @@
 
     ADVISOR_DATA_DIR=$(mktemp -d) .venv/bin/python bench/resident_probe.py collect \
         --cases bench/results/accuracy.json --min-batch 16 --out $TMP/probe.jsonl
-    .venv/bin/python bench/resident_probe.py compare $TMP/probe.jsonl
+    .venv/bin/python bench/resident_probe.py compare $TMP/probe.jsonl [MORE.jsonl ...] [--shares 0.1,0.2]
 
 `collect`, per case of an accuracy result file (from `--min-batch` up): one calibrated estimate
 (`estimate_memory(..., calibrate=True, measured=False)`, so its own real runs at fractions of the
@@ -16,10 +16,13 @@ already in `--out` are skipped, so an interrupted collection goes on where it st
 runs' noise), on each recorded calibration's runs, with the transient term taken as
 - `peak`: the heap-served transient peak (the estimator's term up to session 22);
 - `over`: the heap-served transient bytes over the persistent peak where they live beside it
-  (strategy.resident_terms' last item; the estimator's term since session 23);
-against the median of the three runs here. Kernels' hidden buffers join either term as the
+  (the estimator's term in sessions 23-31);
+- `share`: `over`, and strategy.UNREUSED_SHARE of the rest of the heap-served peak (strategy.resident_terms'
+  last item, the estimator's term since session 32); `--shares 0.1,0.2` adds a column per share;
+against the median of the three runs here. Kernels' hidden buffers join each term as the
 estimator adds them. A tool for deciding the resident-set model (bench/BENCHMARKS.calibration.md,
-"Session 23"), not a benchmark of a goal.
+"Session 23", "Session 32"), not a benchmark of a goal. Records collected before session 32 hold the
+`over` term as `above`; later ones hold the estimator's term there and `over` as `over_peak`.
 
 The uncalibrated default (overhead.CPU_DEFAULT), fitted on presets outside the accuracy grid:
 
@@ -28,8 +31,8 @@ The uncalibrated default (overhead.CPU_DEFAULT), fitted on presets outside the a
 
 `collect --presets` collects the same records for DEFAULT_CASES; `default` fits each record's line
 by plain least squares, without a prior, through all of its runs (the calibration's and the three at
-the batch), with the term the uncalibrated estimate takes (heap-served bytes over the persistent
-peak, no kernels' hidden buffers: without runs there is no hidden ratio), and prints the medians of
+the batch), with the term the uncalibrated estimate takes (`share`, no kernels' hidden buffers:
+without runs there is no hidden ratio), and prints the medians of
 the intercepts and slopes, and each default's error at the batch against the median of the three
 runs there, on these records and on `--check`'s.
 """
@@ -50,7 +53,8 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.estimate import calibrate, estimator  # noqa: E402
 from advisor.estimate.overhead import CPU_DEFAULT, MB as MiB, CpuCalibration  # noqa: E402
-from advisor.estimate.strategy import mmap_from, peak_breakdown, resident_terms, scaled_curve  # noqa: E402
+from advisor.estimate.strategy import (UNREUSED_SHARE, mmap_from, peak_breakdown, resident_terms,  # noqa: E402
+                                       scaled_curve, split_over_step)
 from advisor.measure import MeasureRequest, measure  # noqa: E402
 
 REAL_RUNS = 3
@@ -71,7 +75,12 @@ def terms(req, bm, calib, b: int, threshold: int | None) -> dict[str, int]:
     tr = bm.at(b)
     curve = scaled_curve(req, tr, 1)
     persistent, heap, mapped, over, above = resident_terms(curve, tr.synthetic, tr.untouched, mmap_from(threshold))
-    return dict(persistent=persistent, heap=heap, mapped=mapped, over=over, above=above,
+    if tr.synthetic:
+        over_peak = above
+    else:
+        p, h, _ = split_over_step(curve, tr.untouched, mmap_from(threshold))
+        over_peak = max(0, int((p + h).max()) - int(p.max())) if len(curve) else 0
+    return dict(persistent=persistent, heap=heap, mapped=mapped, over=over, above=above, over_peak=over_peak,
                 allocated=peak_breakdown(curve)[0], hidden=calib.hidden(heap + mapped))
 
 
@@ -111,12 +120,22 @@ def collect(args) -> None:
                   f"{REAL_RUNS} runs here", flush=True)
 
 
-TERMS = {"peak": lambda t: t["heap"], "over": lambda t: t["above"]}
+def over_peak(t: dict) -> int:
+    """The heap-served transient bytes over the persistent peak (bytes), from a record of any session."""
+    return t.get("over_peak", t["above"])
 
 
-def predict(rec: dict, term: str) -> float:
-    """The fitted resident set at the batch (bytes), as calibrate._fit_resident and Evaluator.at take it."""
-    x = TERMS[term]
+def shared(share: float):
+    """The term with `share` of the heap-served peak under the persistent peak counted besides."""
+    return lambda t: over_peak(t) + int(share * (t["heap"] - over_peak(t)))
+
+
+TERMS = {"peak": lambda t: t["heap"], "over": over_peak, "share": shared(UNREUSED_SHARE)}
+
+
+def predict(rec: dict, x) -> float:
+    """The fitted resident set at the batch (bytes), as calibrate._fit_resident and Evaluator.at take it,
+    with the transient term `x` of a run's terms."""
     runs, t = rec["runs"], rec["target"]
     transient = [x(r) + r["hidden"] for r in runs]
     extra = [r["rss"] - r["persistent"] - r["over"] for r in runs]
@@ -125,15 +144,16 @@ def predict(rec: dict, term: str) -> float:
 
 
 def compare(args) -> None:
-    recs = [json.loads(line) for line in Path(args.probe).read_text().splitlines() if line.strip()]
-    errors = {term: [] for term in TERMS}
-    print(f"| case | runs (batch: MiB) | real here (MiB) | {' | '.join(TERMS)} |")
-    print(f"|---|---|---|{'---|' * len(TERMS)}")
+    recs = [line for path in args.probe for line in _records(path)]
+    terms = {**TERMS, **{f"share {f:g}": shared(f) for f in args.shares}}
+    errors = {term: [] for term in terms}
+    print(f"| case | runs (batch: MiB) | real here (MiB) | {' | '.join(terms)} |")
+    print(f"|---|---|---|{'---|' * len(terms)}")
     for rec in recs:
         real = statistics.median(rec["real"])
         row = []
-        for term in TERMS:
-            e = predict(rec, term) / real - 1
+        for term, x in terms.items():
+            e = predict(rec, x) / real - 1
             errors[term].append(e)
             row.append(f"{e:+.1%}")
         runs = ", ".join(f"{r['batch']}: {r['rss'] >> 20}" for r in rec["runs"])
@@ -141,6 +161,10 @@ def compare(args) -> None:
     for term, es in errors.items():
         a = np.abs(es)
         print(f"{term}: n {len(a)}, median |err| {np.median(a):.1%}, max {a.max():.1%}, over 12%: {int((a > 0.12).sum())}")
+
+
+def _records(path: str) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def fit_free(rec: dict) -> tuple[float, float | None]:
@@ -155,10 +179,10 @@ def fit_free(rec: dict) -> tuple[float, float | None]:
 
 
 def _points(rec: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(above, resident - persistent - over) of a record's runs, the calibration's and the batch's (bytes)."""
-    t = rec["target"]
-    pts = [(r["above"], r["rss"] - r["persistent"] - r["over"]) for r in rec["runs"]]
-    pts += [(t["above"], r - t["persistent"] - t["over"]) for r in rec["real"]]
+    """(share term, resident - persistent - over) of a record's runs, the calibration's and the batch's (bytes)."""
+    t, x = rec["target"], TERMS["share"]
+    pts = [(x(r), r["rss"] - r["persistent"] - r["over"]) for r in rec["runs"]]
+    pts += [(x(t), r - t["persistent"] - t["over"]) for r in rec["real"]]
     return tuple(np.array(pts, float).T)
 
 
@@ -166,11 +190,11 @@ def uncalibrated_error(rec: dict, cal: CpuCalibration) -> float:
     """The uncalibrated estimate's resident set at the record's batch under `cal`, against the median of
     its three runs there (signed share)."""
     t = rec["target"]
-    return cal.resident(t["persistent"], t["above"], t["over"]) / statistics.median(rec["real"]) - 1
+    return cal.resident(t["persistent"], TERMS["share"](t), t["over"]) / statistics.median(rec["real"]) - 1
 
 
 def default(args) -> None:
-    recs = [json.loads(line) for line in Path(args.probe).read_text().splitlines() if line.strip()]
+    recs = _records(args.probe)
     fits = {rec["key"]: fit_free(rec) for rec in recs}
     slopes = [s for _, s in fits.values() if s is not None]
     for rec in recs:  # too little span for a slope: the intercept under the others' median slope
@@ -192,7 +216,7 @@ def default(args) -> None:
               f"| {statistics.median(rec['real']) / MiB:.0f} | {row} |")
     sets = {"fitting set": recs}
     for path in args.check:
-        sets[path] = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        sets[path] = _records(path)
     for label, rs in sets.items():
         for name, cal in defaults.items():
             es = np.array([uncalibrated_error(rec, cal) for rec in rs])
@@ -211,7 +235,9 @@ def main() -> None:
     c.add_argument("--match", default="", help="only the cases whose key holds this")
     c.add_argument("--out", required=True)
     p = sub.add_parser("compare")
-    p.add_argument("probe")
+    p.add_argument("probe", nargs="+", help="collected records (JSON lines), one file or more")
+    p.add_argument("--shares", type=lambda v: [float(x) for x in v.split(",")], default=[],
+                   help="comma-separated shares to add a `share` column for each, e.g. 0.1,0.2,0.3")
     d = sub.add_parser("default")
     d.add_argument("probe")
     d.add_argument("--check", nargs="*", default=[], help="other collected records to check the defaults on")

@@ -115,16 +115,29 @@ def resident_parts(curve: np.ndarray, synthetic: bool = False, untouched: np.nda
     return resident_terms(curve, synthetic, untouched, mapped_from)[:4]
 
 
+# The share of the heap-served transient peak that lies under the persistent peak (bytes a perfect heap
+# would serve again from freed chunks to gradients and optimizer state) which glibc's heap does not serve
+# again: freed chunks of tensors' sizes are split and pinned apart by small allocations, so part of what
+# is freed stays resident beside what comes later. Fitted offline on 54 recorded calibrations of three
+# sessions (`bench/resident_probe.py compare`, bench/BENCHMARKS.calibration.md, "Session 32"): a
+# plateau from 0.2 to 0.3, where the fitted resident set at the batch is 10.2-10.4% off at most against
+# 13.0% with none (0: full reuse) and 13.9% with all (1: no reuse), the median 2.6-2.9% either way.
+UNREUSED_SHARE = 0.25
+
+
 def resident_terms(curve: np.ndarray, synthetic: bool = False, untouched: np.ndarray | None = None,
                    mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int, int, int]:
-    """`resident_parts`, and last the heap-served transient bytes over the persistent peak where they
-    live beside the persistent bytes: max over the step of persistent(t) + heap(t), less the persistent
-    peak (bytes). What the resident set grows by with the batch, beside what the heap keeps of freed
-    chunks: where the largest activations are freed before gradients and optimizer state reach their
-    peak, the heap serves those from the freed chunks. vit-b16 at 112 px, fp32 adamw: a heap-served
-    transient peak of 58-232 MiB at batch 2-8 and 464 MiB at 16, yet 19-21 MiB over the persistent peak
-    at 2-8 and 146 MiB at 16; a run at 8 measured 1676 MiB and three at 16 1669-1689 (session 23's
-    probe, bench/BENCHMARKS.calibration.md). A synthetic curve: the heap-served transient peak."""
+    """`resident_parts`, and last what the resident set grows by with the heap-served transient bytes
+    (bytes): those over the persistent peak where they live beside the persistent bytes (max over the
+    step of persistent(t) + heap(t), less the persistent peak), and UNREUSED_SHARE of the rest of the
+    heap-served transient peak. Where the largest activations are freed before gradients and optimizer
+    state reach their peak, the heap serves those mostly from the freed chunks. vit-b16 at 112 px, fp32
+    adamw: a heap-served transient peak of 58-232 MiB at batch 2-8 and 464 MiB at 16, yet 19-21 MiB
+    over the persistent peak at 2-8 and 146 MiB at 16; a run at 8 measured 1676 MiB and three at 16
+    1669-1689 (session 23's probe, bench/BENCHMARKS.calibration.md). Not all of it: mlp fp32
+    sgd-momentum's runs rise 19, 24 and 43 MiB per doubling of the batch from 128 to 1024 where the
+    bytes over the persistent peak rise 1, 5 and 13 MiB (session 25: 75-123 MiB free inside the heap
+    after three steps, in chunks of tensors' sizes). A synthetic curve: the heap-served transient peak."""
     if len(curve) == 0:
         return 0, 0, 0, 0, 0
     persistent, heap, mapped = split_over_step(curve, None if synthetic else untouched, mapped_from)
@@ -132,8 +145,10 @@ def resident_terms(curve: np.ndarray, synthetic: bool = False, untouched: np.nda
     if synthetic:
         return top, int((heap + mapped).max()), 0, 0, int((heap + mapped).max())
     mapped = np.maximum(mapped, 0)
-    return (top, int(heap.max()), int(mapped.max()), int((persistent + mapped).max()) - top,
-            max(0, int((persistent + heap).max()) - top))
+    heap_peak = int(heap.max())
+    over = max(0, int((persistent + heap).max()) - top)
+    return (top, heap_peak, int(mapped.max()), int((persistent + mapped).max()) - top,
+            over + int(UNREUSED_SHARE * (heap_peak - over)))
 
 
 def split_over_step(curve: np.ndarray, untouched: np.ndarray | None = None,

@@ -148,12 +148,12 @@ def test_a_mapped_activation_adds_to_the_long_lived_bytes_of_its_own_moments_onl
 
 def test_the_slope_takes_the_heap_served_bytes_over_the_persistent_peak_where_they_live_beside_it():
     """strategy.resident_terms' last item: max over the step of persistent(t) + heap(t), less the
-    persistent peak. An activation freed before the gradients and state peak adds nothing there (the
-    heap serves them from its chunk); one that outlives part of them adds what it holds beside them.
-    The heap-served transient peak is the same in both."""
+    persistent peak, and UNREUSED_SHARE of the rest of the heap-served peak. An activation freed before
+    the gradients and state peak adds only that share (the heap serves them mostly from its chunk); one
+    that outlives them adds all it holds beside them. The heap-served transient peak is the same in both."""
     import numpy as np
 
-    from advisor.estimate.strategy import resident_terms
+    from advisor.estimate.strategy import UNREUSED_SHARE, resident_terms
     from advisor.estimate.trace import ACTIVATIONS, CATEGORY_NAMES, GRADS, OPT_STATE, PARAMS
 
     mib = 1 << 20
@@ -166,7 +166,11 @@ def test_the_slope_takes_the_heap_served_bytes_over_the_persistent_peak_where_th
 
     # a 20 MiB activation; 10 MiB of gradients while it lives; freed; 20 more of gradients, 30 of state
     freed_first = curve([(PARAMS, 64), (ACTIVATIONS, 20), (GRADS, 10), (ACTIVATIONS, -20), (GRADS, 20), (OPT_STATE, 30)])
-    assert resident_terms(freed_first) == (124 * mib, 20 * mib, 0, 0, 0)
+    assert 0 < UNREUSED_SHARE < 1
+    assert resident_terms(freed_first) == (124 * mib, 20 * mib, 0, 0, int(UNREUSED_SHARE * 20 * mib))
+    # gradients while it lives, and 10 MiB of it beside the persistent peak: that, and the share of the other 10
+    part = curve([(PARAMS, 64), (ACTIVATIONS, 20), (GRADS, 20), (ACTIVATIONS, -20), (GRADS, 10)])
+    assert resident_terms(part)[-1] == 10 * mib + int(UNREUSED_SHARE * 10 * mib)
     # all 30 MiB of gradients while it lives, and no state: it lies 20 MiB over the persistent peak
     outlives = curve([(PARAMS, 64), (ACTIVATIONS, 20), (GRADS, 30), (ACTIVATIONS, -20)])
     assert resident_terms(outlives) == (94 * mib, 20 * mib, 0, 0, 20 * mib)
