@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from advisor.estimate import calibrate, estimator  # noqa: E402
 from advisor.estimate.overhead import CPU_DEFAULT, MB as MiB, CpuCalibration  # noqa: E402
 from advisor.estimate.strategy import (UNREUSED_SHARE, mmap_from, peak_breakdown, resident_terms,  # noqa: E402
-                                       scaled_curve, split_over_step)
+                                       scaled_curve)
 from advisor.measure import MeasureRequest, measure  # noqa: E402
 
 REAL_RUNS = 3
@@ -75,11 +75,7 @@ def terms(req, bm, calib, b: int, threshold: int | None) -> dict[str, int]:
     tr = bm.at(b)
     curve = scaled_curve(req, tr, 1)
     persistent, heap, mapped, over, above = resident_terms(curve, tr.synthetic, tr.untouched, mmap_from(threshold))
-    if tr.synthetic:
-        over_peak = above
-    else:
-        p, h, _ = split_over_step(curve, tr.untouched, mmap_from(threshold))
-        over_peak = max(0, int((p + h).max()) - int(p.max())) if len(curve) else 0
+    over_peak = resident_terms(curve, tr.synthetic, tr.untouched, mmap_from(threshold), unreused_share=0)[-1]
     return dict(persistent=persistent, heap=heap, mapped=mapped, over=over, above=above, over_peak=over_peak,
                 allocated=peak_breakdown(curve)[0], hidden=calib.hidden(heap + mapped))
 

@@ -126,10 +126,10 @@ UNREUSED_SHARE = 0.25
 
 
 def resident_terms(curve: np.ndarray, synthetic: bool = False, untouched: np.ndarray | None = None,
-                   mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int, int, int]:
+                   mapped_from: int = MMAP_FROM_BYTES, unreused_share: float = UNREUSED_SHARE) -> tuple[int, int, int, int, int]:
     """`resident_parts`, and last what the resident set grows by with the heap-served transient bytes
     (bytes): those over the persistent peak where they live beside the persistent bytes (max over the
-    step of persistent(t) + heap(t), less the persistent peak), and UNREUSED_SHARE of the rest of the
+    step of persistent(t) + heap(t), less the persistent peak), and `unreused_share` of the rest of the
     heap-served transient peak. Where the largest activations are freed before gradients and optimizer
     state reach their peak, the heap serves those mostly from the freed chunks. vit-b16 at 112 px, fp32
     adamw: a heap-served transient peak of 58-232 MiB at batch 2-8 and 464 MiB at 16, yet 19-21 MiB
@@ -148,7 +148,7 @@ def resident_terms(curve: np.ndarray, synthetic: bool = False, untouched: np.nda
     heap_peak = int(heap.max())
     over = max(0, int((persistent + heap).max()) - top)
     return (top, heap_peak, int(mapped.max()), int((persistent + mapped).max()) - top,
-            over + int(UNREUSED_SHARE * (heap_peak - over)))
+            over + int(unreused_share * (heap_peak - over)))
 
 
 def split_over_step(curve: np.ndarray, untouched: np.ndarray | None = None,
