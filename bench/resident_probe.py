@@ -53,8 +53,8 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.estimate import calibrate, estimator  # noqa: E402
 from advisor.estimate.overhead import CPU_DEFAULT, MB as MiB, CpuCalibration  # noqa: E402
-from advisor.estimate.strategy import (UNREUSED_SHARE, mmap_from, peak_breakdown, resident_terms,  # noqa: E402
-                                       scaled_curve)
+from advisor.estimate.strategy import (UNREUSED_SHARE, heap_term, mmap_from, peak_breakdown,  # noqa: E402
+                                       resident_terms, scaled_curve)
 from advisor.measure import MeasureRequest, measure  # noqa: E402
 
 REAL_RUNS = 3
@@ -123,7 +123,7 @@ def over_peak(t: dict) -> int:
 
 def shared(share: float):
     """The term with `share` of the heap-served peak under the persistent peak counted besides."""
-    return lambda t: over_peak(t) + int(share * (t["heap"] - over_peak(t)))
+    return lambda t: heap_term(t["heap"], over_peak(t), share)
 
 
 TERMS = {"peak": lambda t: t["heap"], "over": over_peak, "share": shared(UNREUSED_SHARE)}
@@ -164,7 +164,7 @@ def _records(path: str) -> list[dict]:
 
 
 def fit_free(rec: dict) -> tuple[float, float | None]:
-    """(intercept bytes, slope) of extra = intercept + slope x above through all of a record's runs,
+    """(intercept bytes, slope) of extra = intercept + slope x the share term through all of a record's runs,
     by plain least squares; (0, None) where the runs' term spans too little to say (`default` then
     takes the intercept under the other records' median slope)."""
     x, y = _points(rec)

@@ -125,6 +125,12 @@ def resident_parts(curve: np.ndarray, synthetic: bool = False, untouched: np.nda
 UNREUSED_SHARE = 0.25
 
 
+def heap_term(heap_peak: int, over: int, unreused_share: float = UNREUSED_SHARE) -> int:
+    """The resident set's heap-served transient term (bytes): the bytes `over` the persistent peak, and
+    `unreused_share` of the rest of the heap-served transient peak `heap_peak`."""
+    return over + int(unreused_share * (heap_peak - over))
+
+
 def resident_terms(curve: np.ndarray, synthetic: bool = False, untouched: np.ndarray | None = None,
                    mapped_from: int = MMAP_FROM_BYTES, unreused_share: float = UNREUSED_SHARE) -> tuple[int, int, int, int, int]:
     """`resident_parts`, and last what the resident set grows by with the heap-served transient bytes
@@ -148,7 +154,7 @@ def resident_terms(curve: np.ndarray, synthetic: bool = False, untouched: np.nda
     heap_peak = int(heap.max())
     over = max(0, int((persistent + heap).max()) - top)
     return (top, heap_peak, int(mapped.max()), int((persistent + mapped).max()) - top,
-            over + int(unreused_share * (heap_peak - over)))
+            heap_term(heap_peak, over, unreused_share))
 
 
 def split_over_step(curve: np.ndarray, untouched: np.ndarray | None = None,
