@@ -227,42 +227,53 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) 
     pass near batch 11, the resident set's near 15), and keeps its whole spread clear of the cap, so it
     can answer below a batch whose runs measured well under it (2.5 GB cap: session 14 answered 12,
     where a run at 14 measured 2.28 GB and the real largest is 16; session 16's fit answered 13 after
-    two runs at 14 of at most 2.31 GB, and they vouched for 15). From the largest batch b0 whose every run
-    under glibc's default measured within the cap less its own noise (the calibration's `noise_share` of
-    the worst run, as the margin keeps; it covers the runs' own spread there), a batch up to NEAR x b0
-    further is vouched for while b0's worst run plus (b - b0) x the steepest per-sample growth of the
-    batch model (at RUN_STEP_SLOPE) stays there too: each phase's resident set grows no faster than the
-    largest growth of the live peak. Never up to a
-    larger batch whose runs measured over."""
+    two runs at 14 of at most 2.31 GB, and they vouched for 15).
+    - A batch is vouched for by its own runs under glibc's default where the highest of them stays within
+      the cap less what the median of a user's runs may come out above it (`Calibration.runs_share`:
+      less for more runs), and no smaller batch's runs measured over.
+    - From the largest batch b0 whose every run measured within the cap less its own noise (the
+      calibration's `noise_share` of the worst run, as the margin keeps; it covers the runs' own spread
+      there), a batch up to NEAR x b0 further is vouched for while b0's worst run plus (b - b0) x the
+      steepest per-sample growth of the batch model (at RUN_STEP_SLOPE) stays there too: each phase's
+      resident set grows no faster than the largest growth of the live peak. Never up to a larger batch
+      whose runs measured over."""
     by_batch = _default_runs(ev)
     if not by_batch:  # no runs (and then no Calibration to take their noise from)
         return None
     limit = _run_limit(ev, usable)
     share = ev.calib.noise_share()
+    over = _measured_over(ev, usable)
 
-    def room(rs: list[int]) -> float:  # under the limit, the worst run and its noise kept clear (bytes)
+    def room(rs: list[int], share: float = share) -> float:  # under the limit, the worst run and its noise kept clear (bytes)
         return limit - (1 + share) * max(rs)
 
-    clear = [b for b, rs in by_batch.items() if room(rs) >= 0]
-    if not clear:
-        return None
-    b0 = max(clear)
-    top = min([b0 + max(1, int(NEAR * b0))] + [b - 1 for b in by_batch if b > b0])
-    steep = Evaluator(ev.hw, ev.req, ev.bm, replace(ev.calib, slope=max(ev.calib.slope, RUN_STEP_SLOPE)))
-    at_b0, left = steep.predicted_total(b0), room(by_batch[b0])
+    own = [b for b, rs in by_batch.items() if room(rs, ev.calib.runs_share(len(rs))) >= 0 and (over is None or b < over)]
+    lo, why = None, ""
+    if own:
+        rs = by_batch[max(own)]
+        lo, why = max(own), (f"its own {len(rs)} real run(s) ({max(rs) / 2**20:.0f} MiB at most, within the cap less "
+                             f"{ev.calib.runs_share(len(rs)):.1%} of it, what the median of later runs may add)")
+    clear = [b for b in own if room(by_batch[b]) >= 0]
+    if clear:
+        b0 = max(clear)
+        top = min([b0 + max(1, int(NEAR * b0))] + [b - 1 for b in by_batch if b > b0])
+        steep = Evaluator(ev.hw, ev.req, ev.bm, replace(ev.calib, slope=max(ev.calib.slope, RUN_STEP_SLOPE)))
+        at_b0, left = steep.predicted_total(b0), room(by_batch[b0])
 
-    def grows(b: int) -> float:  # at most, from b0 to b (bytes)
-        total = steep.predicted_total(b)
-        return (b - b0) * max(total - steep.predicted_total(b - 1), (total - at_b0) / (b - b0))
+        def grows(b: int) -> float:  # at most, from b0 to b (bytes)
+            total = steep.predicted_total(b)
+            return (b - b0) * max(total - steep.predicted_total(b - 1), (total - at_b0) / (b - b0))
 
-    lo, hi = b0, top + 1  # lo is vouched for; hi is not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if grows(mid) <= left else (lo, mid)
-    if lo <= fitted:
+        past, hi = b0, top + 1  # past is vouched for; hi is not
+        while hi - past > 1:
+            mid = (past + hi) // 2
+            past, hi = (mid, hi) if grows(mid) <= left else (past, mid)
+        if lo is None or past > lo:
+            lo, why = past, (f"the real runs at {b0} ({max(by_batch[b0]) / 2**20:.0f} MiB at most, {left / 2**20:.0f} MiB "
+                             f"clear of the cap less their noise), each sample past them taken at {steep.calib.slope:.2f} "
+                             "resident bytes per transient byte at most")
+    if lo is None or lo <= fitted:
         return None
-    notes.append(f"largest batch {fitted} -> {lo}: vouched for by the real runs at {b0} ({max(by_batch[b0]) / 2**20:.0f} "
-                 f"MiB at most, {left / 2**20:.0f} MiB clear of the cap less their noise), each sample past them taken "
-                 f"at {steep.calib.slope:.2f} resident bytes per transient byte at most (the fit through all the runs "
-                 "keeps its whole spread clear)")
+    notes.append(f"largest batch {fitted} -> {lo}: vouched for by {why} (the fit through all the runs keeps its "
+                 "whole spread clear)")
     return lo

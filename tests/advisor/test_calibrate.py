@@ -347,10 +347,12 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     """`_vouched_by_runs` on tiny-gpt2's real batch model: the runs' worst and their noise (the
     calibration's noise_share, as the margin keeps) kept clear,
     each sample past them at the steep slope's largest growth, at most NEAR past them, never up to a
-    batch whose runs measured over, and only runs under glibc's default count."""
+    batch whose runs measured over, and only runs under glibc's default count. Their own batch alone
+    with less kept clear where several runs agree (MAX_OF_RUNS_NOISE), never past a smaller batch whose
+    runs measured over."""
     import dataclasses
 
-    from advisor.estimate.calibrate import UNREPEATED_NOISE, Calibration
+    from advisor.estimate.calibrate import MAX_OF_RUNS_NOISE, UNREPEATED_NOISE, Calibration
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import RUN_STEP_SLOPE, _vouched_by_runs
 
@@ -369,7 +371,13 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     runs = [(20, 297 * MB, None), (20, worst, None)]
     assert vouched(runs, clear + one + 1) == 21
     assert vouched(runs, clear + one - 1) == 20  # the runs' own batch, no further
-    assert vouched(runs, clear - 1) is None  # not clear of the cap: they vouch for nothing
+    two = worst * (1 + MAX_OF_RUNS_NOISE[1])  # the highest of two runs and what a later median may add
+    assert MAX_OF_RUNS_NOISE[1] < UNREPEATED_NOISE and two < clear
+    assert vouched(runs, clear - 1) == 20  # not clear of their noise: two runs vouch for their own batch only
+    assert vouched(runs, two - 1) is None  # not clear of the cap less two runs' share: nothing
+    assert vouched(runs[1:], clear - 1) is None  # one run keeps UNREPEATED_NOISE clear
+    assert vouched(runs + [(20, worst, None)], worst * (1 + MAX_OF_RUNS_NOISE[2]) + 1) == 20  # three: less still
+    assert vouched([(18, 2 * worst, None)] + runs, clear + 100 * one) is None  # a smaller batch measured over
     assert vouched(runs, clear + 100 * one) == 22  # at most NEAR (10%) past the runs
     assert vouched(runs + [(22, 2 * worst, None)], clear + 100 * one) == 21  # a run measured over at 22
     assert vouched(runs, clear + 100 * one, fitted=22) is None  # the fit's answer is as large
