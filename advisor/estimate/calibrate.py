@@ -263,7 +263,7 @@ UNREPEATED_NOISE = 0.05
 # share of it, for k = 1, 2, 3 and more: what a batch whose own runs vouch for it keeps clear
 # (Calibration.runs_share). One run: UNREPEATED_NOISE. The highest of several strays less: over the
 # benches' 760 distinct sets of three runs (bench/run_noise.py), at the percentile where one run's excess
-# reaches UNREPEATED_NOISE (96-97th), two runs' reaches 2.1-2.5% and three runs' 1.5% (pooled shares, and
+# reaches UNREPEATED_NOISE (96-97th), two runs' reaches 2.1-2.53% and three runs' 1.5% (pooled shares, and
 # normal with each case's own spread; the larger, rounded up). gpt2-small at seq 64 under 2.5 GB
 # (session 33): the near round's two runs at 15 were not clear of the cap less 5%, so it answered 14;
 # the real largest batch is 16 (its runs 2464-2504 MB).
