@@ -71,8 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(a.seed)
     pool = [s for case in sets for s in case]
     sds = [statistics.stdev(case) for case in sets]
-    draws = {"pooled": lambda n: [rng.choice(pool) for _ in range(n)],
-             "per case": lambda n: (lambda sd: [1 + rng.gauss(0, sd) for _ in range(n)])(rng.choice(sds))}
+
+    def per_case(n: int) -> list[float]:
+        sd = rng.choice(sds)
+        return [1 + rng.gauss(0, sd) for _ in range(n)]
+
+    draws = {"pooled": lambda n: [rng.choice(pool) for _ in range(n)], "per case": per_case}
     print(f"{len(sets)} distinct sets of three runs from {len(files)} file(s); {a.draws} draws per row")
     print(f"calibrate.MAX_OF_RUNS_NOISE (k = 1, 2, 3+): {', '.join(f'{x:.1%}' for x in MAX_OF_RUNS_NOISE)}")
     print("| draw | k | p95 | p99 | at k = 1's percentile for UNREPEATED_NOISE |")

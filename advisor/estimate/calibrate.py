@@ -65,12 +65,12 @@ class Calibration(CpuCalibration):
         tiny-gpt2 uncalibrated with one real peak at 32 and one at 128, under a cap of 1.5x the
         larger, with RUN_NOISE kept clear: the median of 3 runs at the answer came out 0.7 MB over
         (CI, 2026-11-25) and 1.7 MB over (session 21's AMD VM) a 257-271 MB cap."""
-        return max(UNREPEATED_NOISE, self.repeat_noise())
+        return self.runs_share(1)
 
     def runs_share(self, k: int) -> float:
-        """What a batch whose own k runs vouch for it keeps clear above the highest of them, as a share
-        of it: MAX_OF_RUNS_NOISE for k runs, or the runs' `repeat_noise` where wider."""
-        return max(MAX_OF_RUNS_NOISE[min(max(k, 1), len(MAX_OF_RUNS_NOISE)) - 1], self.repeat_noise())
+        """What a batch whose own k runs (1 or more) vouch for it keeps clear above the highest of them,
+        as a share of it: MAX_OF_RUNS_NOISE for k runs, or the runs' `repeat_noise` where wider."""
+        return max(MAX_OF_RUNS_NOISE[min(k, len(MAX_OF_RUNS_NOISE)) - 1], self.repeat_noise())
 
     def repeat_noise(self) -> float:
         """The widest range between runs at one batch size under glibc's default, as a share of their
