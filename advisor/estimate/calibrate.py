@@ -21,7 +21,7 @@ import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -284,25 +284,70 @@ def slope_precision(sxx: float, noise_var: float) -> float:
     return sxx / noise_var + 1.0 / SLOPE_PRIOR_SD ** 2
 
 
+# How many standard deviations (the runs' own slope's and the prior's together) the runs' own slope must
+# lie above the prior's before their growth is taken as it is (`_fit`): 2, where normal noise gets there
+# once in 44 fits. The two errors cost unlike: a fit that follows steep runs when noise made them steep
+# comes out above the resident set by that noise, one that keeps the prior against runs that are steep
+# comes out under it, and a run under the estimate is the one that fails. ckpt (bench/workloads/kinds.py:
+# eight 16 MiB-weight MLP blocks, half of them checkpointed), fp32 sgd-momentum b16, session 34's Zen 3
+# VM: runs at 2, 4, 8, 8 rose 138, 174, 257, 256 MiB above their persistent tensors while the heap-served
+# transient peak rose 5, 10, 20, 20 MiB: 8.1 resident bytes per transient byte, 4.3 SDs above the
+# prior's 1.15. Its resident set grows with the bytes each step allocates and frees, ~20 MiB per sample
+# from 2 to 32 (glibc's heap held 172 MiB free at batch 8 and 315 MiB at 16 after a backward, mallinfo2),
+# not with the few its weights-bound peak adds; the posterior's slope of 1.49 put batch 16 at -13% to
+# -15% (sessions 29-33). With adamw its runs came out 2.8 and 4.8 SDs steep in two calibrations.
+STEEP_SDS = 2.0
+
+
+def steeper_than_prior(free: float, prior: float, sxx: float, noise_var: float) -> bool:
+    """Whether the runs' own slope `free` lies more than STEEP_SDS standard deviations above `prior`: their
+    least-squares slope's (noise_var / sxx) and the prior's (SLOPE_PRIOR_SD) together. Then the runs rule the
+    prior out: their resident set grows with something the transient peak does not carry, the bytes each
+    step allocates and frees, which grow with the batch (`_fit` fits them per sample). A shallower slope than
+    the prior's stays drawn toward it and bounded: the runs' heap may reuse more at larger batches, and an
+    estimate under the resident set is the one that fails a run."""
+    return free - prior > STEEP_SDS * float(np.sqrt(noise_var / sxx + SLOPE_PRIOR_SD ** 2))
+
+
+class Fit(NamedTuple):
+    """A resident-set fit: extra = intercept + slope x transient + per_sample x batch (bytes)."""
+    intercept: float
+    slope: float
+    spread: float  # the largest distance of a run from the fit (bytes)
+    per_sample: float = 0.0
+
+
 def _fit(transient: list[int], extra: list[float], resident: list[int],
-         prior: float = SLOPE_PRIOR_MEAN) -> tuple[float, float, float]:
+         prior: float = SLOPE_PRIOR_MEAN, batches: list[int] | None = None) -> Fit:
     """extra = intercept + slope x transient, by least squares with the slope drawn toward `prior`
     (the posterior mean under a normal prior on it): where the runs' transient bytes span
     little next to their noise, they say little about the slope, and three single runs would
     otherwise hand the extrapolation whatever slope their noise suggests. The noise is the larger
-    of RUN_NOISE of the runs' resident set and what the runs stray from a free fit. Also the
+    of RUN_NOISE of the runs' resident set and what the runs stray from a free fit. Where the runs'
+    own slope lies far above the prior's (`steeper_than_prior`) and their `batches` are given, the
+    transient bytes keep the prior's slope and what the runs add beyond them is fitted per sample of
+    the batch (least squares, at least 0). Also the
     largest distance of a run from the fit (bytes): how far one run of this workload strays here."""
     x, y = np.asarray(transient, float), np.asarray(extra, float)
     xc, yc = x - x.mean(), y - y.mean()
     noise_var = (RUN_NOISE * float(np.median(resident))) ** 2
     sxx = float(xc @ xc)
+    free = None  # the runs' own least-squares slope, where they can say one
     if len(x) > 2 and sxx > 0:
         free = float(xc @ yc) / sxx
         noise_var = max(noise_var, float(((yc - free * xc) ** 2).sum()) / (len(x) - 2))
     slope = (float(xc @ yc) / noise_var + prior / SLOPE_PRIOR_SD ** 2) / slope_precision(sxx, noise_var)
     slope = float(np.clip(slope, *SLOPE_BOUNDS))
-    intercept = float(np.mean(y - slope * x))
-    return intercept, slope, float(np.abs(y - slope * x - intercept).max())
+    rest, per_sample = y - slope * x, 0.0
+    if batches is not None and free is not None and steeper_than_prior(free, prior, sxx, noise_var):
+        n = np.asarray(batches, float)
+        slope = prior
+        rest = y - prior * x
+        if float(((n - n.mean()) ** 2).sum()) > 0:
+            per_sample = max(0.0, float(np.polyfit(n, rest, 1)[0]))
+            rest = rest - per_sample * n
+    intercept = float(rest.mean())
+    return Fit(intercept, slope, float(np.abs(rest - intercept).max()), per_sample)
 
 
 def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel,
@@ -331,22 +376,21 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
     hidden = max(0, (res[("alloc", hi)].alloc_peak_bytes or 0) - chosen.at(hi).peak_bytes)
     ratio = hidden / transient_hi if transient_hi else 0.0
     rss = tuple(_rss_point(res[r]) for r in runs)
-    intercept, slope, spread = _fit_resident(req, chosen, ratio, rss)
-    return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=ratio,
+    return Calibration(**_fit_resident(req, chosen, ratio, rss)._asdict(), hidden_ratio=ratio,
                        batches=tuple(sorted({b for b, _, _ in rss})),
                        used_real_traces=use_real, rss=rss), chosen
 
 
 def _fit_resident(req: EstimateRequest, bm: BatchModel, ratio: float, rss: tuple[Run, ...],
-                  prior: float = SLOPE_PRIOR_MEAN):
-    """(intercept, slope, spread) of resident - persistent = intercept + slope x transient over the runs,
-    each run's allocations split into heap-served and mapped at the size its glibc mapped from; the
-    slope drawn toward `prior` (`_fit`)."""
+                  prior: float = SLOPE_PRIOR_MEAN) -> Fit:
+    """resident - persistent = intercept + slope x transient (+ per_sample x batch) over the runs, each
+    run's allocations split into heap-served and mapped at the size its glibc mapped from; the slope
+    drawn toward `prior` (`_fit`)."""
     split = [_split(req, bm, b, mmap_from(t)) for b, _, t in rss]
     # kernels' hidden buffers join the heap-served part; mapped allocations count once, at their own moments
     heap = [int(above + ratio * (h + m)) for _, h, m, _, above in split]
     extra = [r - p - over for (_, r, _), (p, _, _, over, _) in zip(rss, split)]
-    return _fit(heap, extra, [r for _, r, _ in rss], prior)
+    return _fit(heap, extra, [r for _, r, _ in rss], prior, [b for b, _, _ in rss])
 
 
 def _split(req: EstimateRequest, bm: BatchModel, b: int, mapped_from: int = MMAP_FROM_BYTES) -> tuple[int, int, int, int, int]:
@@ -433,8 +477,7 @@ def with_measured_peaks(req: EstimateRequest, bm: BatchModel, first: Calibration
     ratio = first.hidden_ratio if first is not None else 0.0
     rss = (first.rss if first is not None else ()) + tuple(points)
     prior = SLOPE_PRIOR_MEAN if first is not None else CPU_DEFAULT.slope
-    intercept, slope, spread = _fit_resident(req, bm, ratio, rss, prior)
-    return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=ratio,
+    return Calibration(**_fit_resident(req, bm, ratio, rss, prior)._asdict(), hidden_ratio=ratio,
                        batches=tuple(sorted({b for b, _, _ in rss})),
                        used_real_traces=first.used_real_traces if first is not None else False, rss=rss)
 
@@ -463,6 +506,5 @@ def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: 
     runs = [("rss", b, i) for b in sorted({max(1, batch // 2), batch} - set(first.batches)) for i in range(1 + (b == batch))]
     res = _run_parallel(_rss_jobs(spec, args, req, runs, threshold_target(req, bm, (max(1, batch // 2),), batch)))
     rss = from_an_eighth(first.rss, batch) + tuple(_rss_point(res[r]) for r in runs)
-    intercept, slope, spread = _fit_resident(req, bm, first.hidden_ratio, rss)
-    return Calibration(intercept=intercept, slope=slope, spread=spread, hidden_ratio=first.hidden_ratio,
+    return Calibration(**_fit_resident(req, bm, first.hidden_ratio, rss)._asdict(), hidden_ratio=first.hidden_ratio,
                        batches=tuple(sorted({b for b, _, _ in rss})), used_real_traces=first.used_real_traces, rss=rss)

@@ -39,7 +39,7 @@ class Evaluator:
             allocated += hidden  # kernels' own buffers, seen only by real runs: counted as temporaries
             parts["temporaries"] += hidden
             ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, over,
-                              floor=touched_peak(curve, tr.untouched) + hidden, batch=b if runs else None)
+                              floor=touched_peak(curve, tr.untouched) + hidden, batch=b, runs=runs)
         else:
             workspace = cublas_workspace_bytes(self.hw.accelerator.name)
             ov = cuda_overhead(tr, allocated, workspace)

@@ -41,22 +41,26 @@ class CpuCalibration:
     # How far one real run strayed from the fit (bytes): the largest batch keeps this much clear
     # of the cap, so a run that strays as far still fits.
     spread: float = 0.0
+    # Resident bytes per sample of the batch beyond the transient term: what the heap keeps of the bytes a
+    # step allocates and frees, where runs show it growing far faster than the transient peak (calibrate._fit).
+    per_sample: float = 0.0
 
     def formula(self) -> str:
-        return f"resident = persistent + {self.slope:.2f} x transient + {self.intercept / MB:.0f} MiB"
+        per_sample = f" + {self.per_sample / MB:.1f} MiB x batch" if self.per_sample else ""
+        return f"resident = persistent + {self.slope:.2f} x transient{per_sample} + {self.intercept / MB:.0f} MiB"
 
     def margin(self, resident: float) -> float:
         """What the largest batch keeps clear of the cap at a batch whose resident set is predicted
         `resident` (bytes): here, without runs, the spread."""
         return self.spread
 
-    def resident(self, persistent: int, transient: int, mapped: int = 0) -> int:
+    def resident(self, persistent: int, transient: int, mapped: int = 0, batch: int = 0) -> int:
         """`transient`: heap-served transient bytes over the persistent peak, and a share of the rest
-        (strategy.resident_terms);
+        (strategy.resident_terms); `batch`: the samples per device (`per_sample`);
         `mapped`: what transient allocations glibc maps on their own add to the persistent peak where
         they live (strategy.resident_parts): resident only
         while they live, they add nothing at moments they are not."""
-        return int(persistent + self.slope * transient + mapped + self.intercept)
+        return int(persistent + self.slope * transient + self.per_sample * batch + mapped + self.intercept)
 
     def at_batch(self, b: int, line: float) -> float:
         """The resident set at batch b given the fit's `line` there (bytes): here, without runs, the line."""
@@ -94,13 +98,13 @@ class Overhead:
 
 
 def cpu_overhead(allocated: int, persistent: int, transient: int, calib: CpuCalibration | None,
-                 mapped: int = 0, floor: int | None = None, batch: int | None = None) -> Overhead:
+                 mapped: int = 0, floor: int | None = None, batch: int = 0, runs: bool = False) -> Overhead:
     """`floor`: the least the resident set can be, the live bytes kernels wrote at their peak
-    (strategy.touched_peak); default `allocated`. `batch`: where given, the calibration's real runs at
-    that batch itself weigh in (CpuCalibration.at_batch)."""
+    (strategy.touched_peak); default `allocated`. `batch`: the samples per device. `runs`: the
+    calibration's real runs at that batch itself weigh in (CpuCalibration.at_batch)."""
     calib = calib or CPU_DEFAULT
-    resident = calib.resident(persistent, transient, mapped)
-    if batch is not None:
+    resident = calib.resident(persistent, transient, mapped, batch)
+    if runs:
         resident = int(calib.at_batch(batch, resident))
     total = max(allocated if floor is None else floor, resident)
     return Overhead(total=total, allocated=allocated, runtime=0)

@@ -12,6 +12,7 @@ import pytest
 
 from advisor.estimate import estimate_memory
 from advisor.estimate.calibrate import SLOPE_PRIOR_MEAN, _fit, _trace_batches, calibration_batches
+from advisor.estimate.overhead import CpuCalibration
 from advisor.estimate.strategy import mmap_from
 from advisor.estimate.stages import listening
 from advisor.hardware import get_hardware
@@ -24,13 +25,39 @@ MiB = 1 << 20
 def test_runs_spanning_little_next_to_their_noise_keep_the_slope_near_the_prior() -> None:
     # Three runs of ~400 MB (noise >= 8 MB each) whose transient bytes span 4 MB: a free fit would
     # take slope 3 from them, past the bounds; they say next to nothing about it.
-    _, slope, _ = _fit([100 * MB, 102 * MB, 104 * MB], [200 * MB, 206 * MB, 212 * MB], [400 * MB] * 3)
+    _, slope, _, _ = _fit([100 * MB, 102 * MB, 104 * MB], [200 * MB, 206 * MB, 212 * MB], [400 * MB] * 3)
     assert slope == pytest.approx(SLOPE_PRIOR_MEAN, abs=0.05)
     # One run: the prior's slope, and the intercept puts the fit through the run.
-    intercept, slope, spread = _fit([100 * MB], [250 * MB], [400 * MB])
+    intercept, slope, spread, _ = _fit([100 * MB], [250 * MB], [400 * MB])
     assert slope == SLOPE_PRIOR_MEAN and intercept + slope * 100 * MB == pytest.approx(250 * MB) and spread < 1
     # Another prior (the uncalibrated default's, where measured peaks refine no calibration): its slope.
     assert _fit([100 * MB], [250 * MB], [400 * MB], prior=1.4)[1] == pytest.approx(1.4)
+
+
+def test_runs_that_grow_far_past_what_their_transient_bytes_explain_are_fitted_per_sample() -> None:
+    # ckpt fp32 sgd-momentum (bench/workloads/kinds.py), calibrated for batch 16 (session 34): runs at 2, 4,
+    # 8, 8 whose resident set rose ~20 MiB per sample while their transient peak rose 2.4 MiB per sample.
+    batches = [2, 4, 8, 8]
+    transient = [int(t * MiB) for t in (4.9, 9.7, 19.5, 19.5)]
+    extra = [int(e * MiB) for e in (138.2, 174.3, 257.3, 256.3)]
+    resident = [int(r * MiB) for r in (907, 943, 1026, 1025)]
+    fit = _fit(transient, extra, resident, batches=batches)
+    assert fit.slope == SLOPE_PRIOR_MEAN and 16 * MiB < fit.per_sample < 19 * MiB and fit.spread < 10 * MiB
+    # at 16 (transient 39 MiB) the fit says ~415 MiB, as the runs there measured (383-450 over the live peak)
+    at_16 = fit.intercept + fit.slope * 39 * MiB + fit.per_sample * 16
+    assert 390 * MiB < at_16 < 440 * MiB
+    # Without the batch sizes, or with the same growth drowned in noise: the prior's slope, nothing per sample.
+    no_batches = _fit(transient, extra, resident)
+    assert no_batches.per_sample == 0 and no_batches.slope < 1.6
+    noisy = [e + d for e, d in zip(extra, (60 * MiB, -60 * MiB, 60 * MiB, -60 * MiB))]
+    assert _fit(transient, noisy, resident, batches=batches).per_sample == 0
+    # Runs that grow slower than the prior's slope stay drawn toward it: nothing per sample either.
+    shallow = [int(100 * MiB + 0.2 * t) for t in transient]
+    assert _fit(transient, shallow, resident, batches=batches).per_sample == 0
+    # The per-sample term reaches the resident set the calibration predicts.
+    calib = CpuCalibration(intercept=fit.intercept, slope=fit.slope, per_sample=fit.per_sample)
+    assert calib.resident(0, 39 * MiB, batch=16) - calib.resident(0, 39 * MiB, batch=8) == pytest.approx(8 * fit.per_sample, abs=1)
+    assert "MiB x batch" in calib.formula()
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 4, 7, 8, 9, 12, 15, 16, 17, 64, 1000])
@@ -46,11 +73,11 @@ def test_calibration_runs_stay_at_or_below_half_the_batch_and_leave_batch_one_ou
 def test_runs_spanning_far_past_their_noise_give_their_own_slope() -> None:
     transient = [50 * MB, 100 * MB, 200 * MB, 400 * MB]
     extra = [90 * MB + 0.7 * t for t in transient]
-    intercept, slope, spread = _fit(transient, extra, [e + 300 * MB for e in extra])
+    intercept, slope, spread, _ = _fit(transient, extra, [e + 300 * MB for e in extra])
     assert slope == pytest.approx(0.7, abs=0.02) and intercept == pytest.approx(90 * MB, rel=0.05)
     # Noise the size of the span (a run strays 60 MB): pulled part of the way toward the default.
     noisy = [e + d for e, d in zip(extra, (60 * MB, -60 * MB, 60 * MB, -60 * MB))]
-    _, pulled, _ = _fit(transient, noisy, [e + 300 * MB for e in noisy])
+    _, pulled, _, _ = _fit(transient, noisy, [e + 300 * MB for e in noisy])
     free = float(np.polyfit(transient, noisy, 1)[0])
     assert free < pulled < SLOPE_PRIOR_MEAN
 
