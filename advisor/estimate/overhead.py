@@ -46,7 +46,7 @@ class CpuCalibration:
     per_sample: float = 0.0
 
     def formula(self) -> str:
-        per_sample = f" + {self.per_sample / MB:.1f} MiB x batch" if self.per_sample else ""
+        per_sample = f" + {self.per_sample / MB:.1f} MiB x batch" if self.per_sample >= 0.05 * MB else ""
         return f"resident = persistent + {self.slope:.2f} x transient{per_sample} + {self.intercept / MB:.0f} MiB"
 
     def margin(self, resident: float) -> float:
