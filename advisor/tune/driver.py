@@ -107,7 +107,24 @@ def _optuna_storage(url: str):
 
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
     with schema_lock(url):  # its first open creates tables and types: one process at a time
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        _complete_indexes(storage.engine)
+        return storage
+
+
+def _complete_indexes(engine) -> None:  # noqa: ANN001 - a SQLAlchemy Engine
+    """Create those of Optuna's indexes its tables lack. SQLite commits each DDL statement on its own, so a
+    first open killed between a CREATE TABLE and its CREATE INDEX leaves `studies` without its unique index
+    on study_name, and later opens skip an existing table whole: every create_study(load_if_exists=True)
+    then adds another study of that name, until a lookup finds two (MultipleResultsFound). A job's process
+    dies with its worker (api/jobs.py), and the restart test's worker, killed as the first trial ended, took
+    the job with it while it opened Optuna's storage (session 34's CI; session 32's failure ended in the same
+    Optuna commit error)."""
+    from optuna.storages._rdb import models  # Optuna's own table definitions (no public handle on them)
+
+    for table in models.BaseModel.metadata.sorted_tables:
+        for index in table.indexes:
+            index.create(engine, checkfirst=True)
 
 
 # A RUNNING Optuna trial without an owner is stale only once it is this old (s): a live tuner names

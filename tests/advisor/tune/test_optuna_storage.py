@@ -1,0 +1,41 @@
+"""Optuna's tables in our database, opened by the tuner (advisor.tune.driver._optuna_storage)."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+import sqlalchemy as sa
+
+from advisor.tune.driver import _optuna_storage
+
+
+def _torn(url: str) -> None:
+    """The schema a first open of Optuna's storage leaves when its process is killed between CREATE TABLE
+    studies and CREATE UNIQUE INDEX ix_studies_study_name (SQLite commits each DDL statement on its own; a
+    job's process dies with its worker): built here by dropping the index after a whole first open."""
+    engine = optuna.storages.RDBStorage(url).engine
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP INDEX ix_studies_study_name"))
+    engine.dispose()
+
+
+def test_a_schema_torn_between_its_ddl_statements_is_completed_on_open(tmp_path) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Optuna's own open leaves it torn: each create_study(load_if_exists=True) adds a study of the same name,
+    # and looking the name up then fails (the restart test's job in session 34's CI, MultipleResultsFound).
+    bare = f"sqlite:///{tmp_path / 'bare.db'}"
+    _torn(bare)
+    storage = optuna.storages.RDBStorage(bare)
+    optuna.create_study(storage=storage, study_name="s", load_if_exists=True)
+    with pytest.raises(optuna.exceptions.StorageInternalError):
+        optuna.create_study(storage=storage, study_name="s", load_if_exists=True)
+    assert len(storage.get_all_studies()) == 2
+    # The tuner's open creates the missing index: the second create_study loads the first's study.
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    _torn(url)
+    storage = _optuna_storage(url)
+    for _ in range(2):
+        optuna.create_study(storage=storage, study_name="s", load_if_exists=True)
+    assert [s.study_name for s in storage.get_all_studies()] == ["s"]
+    assert optuna.load_study(study_name="s", storage=storage).study_name == "s"
+    assert "ix_studies_study_name" in {i["name"] for i in sa.inspect(storage.engine).get_indexes("studies")}
