@@ -288,7 +288,7 @@ def slope_precision(sxx: float, noise_var: float) -> float:
 # something else: the bytes each step allocates and frees, which grow with the batch. ckpt
 # (bench/workloads/kinds.py: eight 16 MiB-weight MLP blocks, half of them checkpointed), fp32 sgd-momentum b16,
 # session 34's Zen 3 VM: runs at 2, 4, 8, 8 rose 138, 174, 257, 256 MiB above their persistent tensors while
-# the heap-served transient peak rose 5, 10, 20, 20 MiB: 8.1 resident bytes per transient byte, 4.4 SDs above
+# the heap-served transient peak rose 5, 10, 20, 20 MiB: 8.2 resident bytes per transient byte, 4.4 SDs above
 # the prior's 1.15. Its resident set grows ~20 MiB per sample from 2 to 32 (glibc's heap held 172 MiB free at
 # batch 8 and 315 MiB at 16 after a backward, mallinfo2), not with the few its weights-bound peak adds; the
 # posterior's slope of 1.49 put batch 16 at -13% to -15% (sessions 29-33). The slope's prior is taken as a

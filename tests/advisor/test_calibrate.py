@@ -58,10 +58,10 @@ def test_runs_that_grow_far_past_what_their_transient_bytes_explain_are_fitted_p
     blend, posterior = _fit(*vit, batches=batches), _fit(*vit)
     at = 136 * MiB  # its transient bytes at 16
 
-    def line(f, b):
+    def extra_at(f, b):
         return f.intercept + f.slope * at + f.per_sample * b
 
-    assert 0 < blend.per_sample < 3 * MiB and 0 < line(blend, 16) - line(posterior, 16) < 20 * MiB
+    assert 0 < blend.per_sample < 3 * MiB and 0 < extra_at(blend, 16) - extra_at(posterior, 16) < 20 * MiB
     # Runs that grow slower than the prior's slope stay drawn toward it: nothing per sample either.
     shallow = [int(100 * MiB + 0.2 * t) for t in transient]
     assert _fit(transient, shallow, resident, batches=batches).per_sample == 0
