@@ -119,12 +119,41 @@ def _complete_indexes(engine) -> None:  # noqa: ANN001 - a SQLAlchemy Engine
     then adds another study of that name, until a lookup finds two (MultipleResultsFound). A job's process
     dies with its worker (api/jobs.py), and the restart test's worker, killed as the first trial ended, took
     the job with it while it opened Optuna's storage (session 34's CI; session 32's failure ended in the same
-    Optuna commit error)."""
+    Optuna commit error). A store torn before this mend and used since holds studies of one name twice: they
+    are told apart first (`_rename_duplicate_studies`)."""
+    import sqlalchemy as sa
     from optuna.storages._rdb import models  # Optuna's own table definitions (no public handle on them)
 
     for table in models.BaseModel.metadata.sorted_tables:
+        present = {i["name"] for i in sa.inspect(engine).get_indexes(table.name)}
         for index in table.indexes:
-            index.create(engine, checkfirst=True)
+            if index.name in present:
+                continue
+            if table.name == models.StudyModel.__tablename__:
+                _rename_duplicate_studies(engine, models)
+            index.create(engine)
+
+
+def _rename_duplicate_studies(engine, models) -> None:  # noqa: ANN001 - a SQLAlchemy Engine, Optuna's models
+    """Before the unique index on study_name goes on a torn store that already took a second study of one
+    name: the study with the most trials (the first of them on a tie) keeps the name, the others become
+    `<name>~duplicate-<id>` with their trials, so the index can be created and nothing is lost."""
+    import sqlalchemy as sa
+
+    studies, trials = models.StudyModel.__table__, models.TrialModel.__table__
+    counts = (sa.select(studies.c.study_id, studies.c.study_name, sa.func.count(trials.c.trial_id).label("n"))
+              .select_from(studies.outerjoin(trials, trials.c.study_id == studies.c.study_id))
+              .group_by(studies.c.study_id, studies.c.study_name))
+    with engine.begin() as conn:
+        by_name: dict[str, list[tuple[int, int]]] = {}
+        for study_id, name, n in conn.execute(counts):
+            by_name.setdefault(name, []).append((-n, study_id))
+        for name, rows in by_name.items():
+            for _, study_id in sorted(rows)[1:]:
+                renamed = f"{name}~duplicate-{study_id}"
+                conn.execute(studies.update().where(studies.c.study_id == study_id).values(study_name=renamed))
+                log.warning("Optuna's store held study %r twice (a first open killed halfway); study %d is now %r",
+                            name, study_id, renamed)
 
 
 # A RUNNING Optuna trial without an owner is stale only once it is this old (s): a live tuner names
