@@ -840,6 +840,8 @@ def main(argv: list[str] | None = None) -> int:
                     "bench/workloads/kinds.py's, session 27's kinds no other set has")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
+    ap.add_argument("--precisions", default=None, help="comma-separated precisions to run (accuracy part: "
+                    f"{', '.join(PRECISIONS)}); like --only, the others' kept cases stay in --out as they are")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: accuracy, maxbatch, speed")
     ap.add_argument("--render-only", action="store_true", help="rewrite the markdown and print the tables from --out")
     ap.add_argument("--reestimate", action="store_true", help="with --resume: estimate the kept cases again with "
@@ -883,6 +885,10 @@ def main(argv: list[str] | None = None) -> int:
         {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS}.get(args.set, WORKLOADS)
     # --only: the other workloads' cases kept from --out (with --resume) stay in it, in their place, untouched
     only = {n.strip() for n in args.only.split(",")} if args.only else {w.workload for w in workloads}
+    precisions = {p.strip() for p in args.precisions.split(",")} if args.precisions else set(PRECISIONS)
+    if precisions - set(PRECISIONS):
+        ap.error(f"unknown precision {', '.join(sorted(precisions - set(PRECISIONS)))}; "
+                 f"allowed: {', '.join(PRECISIONS)}")
     plan: list[tuple[WorkloadCase, str, str, int]] = []
     if args.quick:
         plan = [(wc, "fp32", "adamw", wc.batches[0]) for wc in workloads]
@@ -930,7 +936,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for wc, prec, opt, b in plan:
             key = case_key(wc, prec, opt, b)
-            if wc.workload not in only:
+            if wc.workload not in only or prec not in precisions:
                 if key in done:
                     results["cases"].append(done[key])
                 progress.advance(t_cases)
