@@ -187,15 +187,17 @@ def _next_round(ev: Evaluator, usable: int, ran_at: int, fitted: int) -> int | N
     """Where the next near round runs after one at `ran_at` whose fit answered `fitted`, or None to
     stop: at `fitted` where it lies more than NEAR from `ran_at` (the fit extrapolated), or below runs
     that measured over the cap (only the fit says the gap between fits); else at the batch the runs
-    vouch for past `fitted` (`_vouched_by_runs`) where no run has been, so that a vouched-for answer
-    is checked by runs of its own while rounds remain (gpt2-small under 2.5 GB here: rounds at 11
-    and 13 both answered 13, and the runs at 13 vouched for 14 and no further, though they left
-    207 MiB clear; runs at 14 would vouch for 15)."""
+    vouch for past `fitted` (`_vouched_by_runs`) where it lies past every batch run so far, so that a
+    vouched-for answer is checked by runs of its own while rounds remain (gpt2-small under 2.5 GB here:
+    rounds at 11 and 13 both answered 13, and the runs at 13 vouched for 14 and no further, though they
+    left 207 MiB clear; runs at 14 would vouch for 15). Not just under a larger batch whose runs did not
+    vouch for themselves: runs there would not either (mlp under 1.5 GB, session 35, ran a round at 25211
+    after runs at 25212)."""
     over = _measured_over(ev, usable)
     if abs(fitted - ran_at) > NEAR * ran_at or (fitted < ran_at and over is not None and over <= ran_at):
         return fitted
-    vouched = _vouched_by_runs(ev, usable, fitted, [])
-    return vouched if vouched is not None and vouched not in _default_runs(ev) else None
+    vouched = _vouched_by_runs(ev, usable, fitted, [], explore=True)
+    return vouched if vouched is not None and vouched > max(_default_runs(ev), default=0) else None
 
 
 def _default_runs(ev: Evaluator) -> dict[int, list[int]]:
@@ -220,7 +222,7 @@ def _measured_over(ev: Evaluator, usable: int) -> int | None:
     return min(over) if over else None
 
 
-def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) -> int | None:
+def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str], explore: bool = False) -> int | None:
     """The largest batch that the real runs near the answer vouch for (CPU, calibrated), where it is
     larger than the fit's answer `fitted`, else None. The fit is one line through runs that may
     straddle a bend (gpt2-small at seq 64: the live peak moves from the optimizer step to the backward
@@ -236,7 +238,12 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) 
       there), a batch up to NEAR x b0 further is vouched for while b0's worst run plus (b - b0) x the
       steepest per-sample growth of the batch model (at RUN_STEP_SLOPE) stays there too: each phase's
       resident set grows no faster than the largest growth of the live peak. Never up to a larger batch
-      whose runs measured over."""
+      whose runs measured over.
+    - `explore` (where the next near round runs, `_next_round`): past b0 with only the share b0's own runs keep
+      (`runs_share`), not a run's noise, since that batch then gets runs of its own, which vouch for it or
+      not as any batch's do. gpt2-small at seq 64 under 3.5 GB (session 35): two runs at 26 of 3101 MiB at
+      most left 5% of them and one sample clear of nothing, so no round ran at 27, and the answer 26 was
+      0.897 of the real 29 (its runs 3315-3449 MiB); 2.6% of them leaves a sample's room."""
     by_batch = _default_runs(ev)
     if not by_batch:  # no runs (and then no Calibration to take their noise from)
         return None
@@ -253,12 +260,16 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str]) 
         rs = by_batch[max(own)]
         lo, why = max(own), (f"its own {len(rs)} real run(s) ({max(rs) / 2**20:.0f} MiB at most, within the cap less "
                              f"{ev.calib.runs_share(len(rs)):.1%} of it, what the median of later runs may add)")
-    clear = [b for b in own if room(by_batch[b]) >= 0]
+
+    def kept_past(rs: list[int]) -> float:  # what extending past a batch's runs keeps clear above them (share)
+        return ev.calib.runs_share(len(rs)) if explore else share
+
+    clear = [b for b in own if room(by_batch[b], kept_past(by_batch[b])) >= 0]
     if clear:
         b0 = max(clear)
         top = min([b0 + max(1, int(NEAR * b0))] + [b - 1 for b in by_batch if b > b0])
         steep = Evaluator(ev.hw, ev.req, ev.bm, replace(ev.calib, slope=max(ev.calib.slope, RUN_STEP_SLOPE)))
-        at_b0, left = steep.predicted_total(b0), room(by_batch[b0])
+        at_b0, left = steep.predicted_total(b0), room(by_batch[b0], kept_past(by_batch[b0]))
 
         def grows(b: int) -> float:  # at most, from b0 to b (bytes)
             total = steep.predicted_total(b)

@@ -419,6 +419,7 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     assert MAX_OF_RUNS_NOISE[1] < UNREPEATED_NOISE and two < clear
     assert vouched(runs, clear - 1) == 20  # not clear of their noise: two runs vouch for their own batch only
     assert vouched(runs, two - 1) is None  # not clear of the cap less two runs' share: nothing
+    assert vouched(runs, two + one + 1) == 20  # the answer goes past its runs with a run's noise kept, not theirs
     assert vouched(runs[1:], clear - 1) is None  # one run keeps UNREPEATED_NOISE clear
     assert vouched(runs + [(20, worst, None)], worst * (1 + MAX_OF_RUNS_NOISE[2]) + 1) == 20  # three: less still
     assert vouched([(18, 2 * worst, None)] + runs, clear + 100 * one) is None  # a smaller batch measured over
@@ -457,11 +458,11 @@ def test_no_answer_reaches_a_batch_whose_runs_measured_over_the_cap() -> None:
 
 def test_the_next_near_round_runs_where_the_fit_strayed_or_where_the_runs_vouch_for_more() -> None:
     """`_next_round` on tiny-gpt2's real batch model: at the fit's answer where it lies more than NEAR
-    from the runs, or below runs that measured over; else at the batch the runs vouch for, where no
-    run has been; else nowhere."""
+    from the runs, or below runs that measured over; else at the batch the runs vouch for (keeping only
+    their own share clear), past every batch run so far; else nowhere."""
     import dataclasses
 
-    from advisor.estimate.calibrate import UNREPEATED_NOISE, Calibration
+    from advisor.estimate.calibrate import MAX_OF_RUNS_NOISE, UNREPEATED_NOISE, Calibration
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import RUN_STEP_SLOPE, _next_round
 
@@ -478,7 +479,14 @@ def test_the_next_near_round_runs_where_the_fit_strayed_or_where_the_runs_vouch_
     assert next_round(at20, clear + 100 * one, 20, 30) == 30  # the fit strayed past NEAR: run there
     assert next_round(at20, clear + 100 * one, 20, 20) == 22  # the runs vouch for 22: check it
     assert next_round(at20 + [(22, 305 * MB, None)], clear + 100 * one, 20, 20) == 24  # 22 ran clear too: on to 24
-    assert next_round(at20, clear - 1, 20, 20) is None  # they vouch for nothing: stop
+    tight = [(22, int(clear + 100 * one) - 1, None)] * 2  # runs at 22 under the cap but not clear of their share
+    assert next_round(at20 + tight, clear + 100 * one, 20, 20) is None  # not to 21, just under them
+    # Where to run next, past the runs keeps only what their own batch keeps (two runs: MAX_OF_RUNS_NOISE[1]),
+    # not a run's noise as the answer does: the next round's runs vouch for their batch or not.
+    two = 300 * MB * (1 + MAX_OF_RUNS_NOISE[1])
+    assert two + one < clear
+    assert next_round(at20, two + one + 1, 20, 20) == 21
+    assert next_round(at20, two + one - 1, 20, 20) is None  # they vouch for nothing past themselves: stop
     over = [(20, 500 * MB, None), (20, 510 * MB, None)]  # runs at 20 measured over a 400 MB cap
     assert next_round(over, 400 * MB, 20, 19) == 19  # the fit answers just below them: check it
 
