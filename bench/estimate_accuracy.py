@@ -514,9 +514,8 @@ def _estimate_without(wc: WorkloadCase, precision: str, optimizer: str, batch: i
                 for r in out:
                     rss.remove(r)
                 rss = tuple(rss)
-                intercept, slope, spread = calibrate._fit_resident(args[3], bm, calib.hidden_ratio, rss)
-                calib = replace(calib, intercept=intercept, slope=slope, spread=spread, rss=rss,
-                                batches=tuple(sorted({b for b, _, _ in rss})))
+                fit = calibrate._fit_resident(args[3], bm, calib.hidden_ratio, rss)
+                calib = replace(calib, **fit._asdict(), rss=rss, batches=tuple(sorted({b for b, _, _ in rss})))
         return calib, bm
 
     def points_without(*args, **kwargs):

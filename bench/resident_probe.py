@@ -135,7 +135,7 @@ def predict(rec: dict, x) -> float:
     runs, t = rec["runs"], rec["target"]
     transient = [x(r) + r["hidden"] for r in runs]
     extra = [r["rss"] - r["persistent"] - r["over"] for r in runs]
-    intercept, slope, _ = calibrate._fit(transient, extra, [r["rss"] for r in runs])
+    intercept, slope = calibrate._fit(transient, extra, [r["rss"] for r in runs])[:2]
     return t["persistent"] + t["over"] + intercept + slope * (x(t) + t["hidden"])
 
 
