@@ -242,8 +242,10 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str], 
     - `explore` (where the next near round runs, `_next_round`): past b0 with only the share b0's own runs keep
       (`runs_share`), not a run's noise, since that batch then gets runs of its own, which vouch for it or
       not as any batch's do. gpt2-small at seq 64 under 3.5 GB (session 35): two runs at 26 of 3101 MiB at
-      most left 5% of them and one sample clear of nothing, so no round ran at 27, and the answer 26 was
-      0.897 of the real 29 (its runs 3315-3449 MiB); 2.6% of them leaves a sample's room."""
+      most, with 5% of them and a sample at the steep slope kept clear, vouched for nothing past 26, so no
+      round ran at 27, and the answer 26 was 0.897 of the real 29 (its runs 3315-3449 MiB). 2.6% of them is
+      74 MiB less kept clear, about a sample there (the bisection's runs grew ~72 MiB a sample from 26 to 29);
+      whether that reaches 27 in this case was not run again (session 35's next calibration fitted 27 itself)."""
     by_batch = _default_runs(ev)
     if not by_batch:  # no runs (and then no Calibration to take their noise from)
         return None
