@@ -107,6 +107,9 @@ def main() -> int:
         parts.append(CALIBRATION.read_text())
     # bench/estimate_accuracy_cuda.py, on a lent GPU machine
     parts.append(_section(RESULTS / "accuracy-cuda.md", "Estimator accuracy on CUDA", notes="cuda"))
+    # the same bench on an H200 (session 36), measured afresh: its own section, after the H100's
+    h200 = _section(RESULTS / "accuracy-cuda-h200.md", "Estimator accuracy on CUDA", notes="cuda-h200")
+    parts.append(h200.replace("## Estimator accuracy on CUDA", "## Estimator accuracy on CUDA: H200", 1))
     parts.append(_section(RESULTS / "trials.md", "Measured trials", notes="trials"))  # bench/trial_bench.py
     parts.append(_section(RESULTS / "trials-cuda.md", "Measured trials on CUDA", notes="trials-cuda"))
     parts.append(_tuner())
