@@ -108,31 +108,16 @@ class Calibration(CpuCalibration):
         return line + len(rs) / (len(rs) + 1) * (float(np.mean(rs)) - line)
 
 
-def calibration_batches(batch: int, near: bool = True) -> tuple[int, ...]:
-    """Three distinct batch sizes below `batch` (samples); (1,) for batch <= 3.
+def calibration_batches(batch: int) -> tuple[int, ...]:
+    """Up to three distinct batch sizes at most half of `batch` (samples); (1,) for batch <= 3.
     Batch 1 only below batch 8 (from 8 to 15: three sizes from 2 up): at batch 1 kernels take other paths
     (the tracer traces it apart, see estimator._batch_model), and its resident set strays from the
     line through larger batches either way (unet fp32 here: 297 MiB at 1, 314 at 2, 473 at 4, so a
-    fit over 1, 2 and 4 says 0.76 resident bytes per transient byte where 2-8 say 1.2-1.3).
-    From batch 16 up: an eighth, a half and three quarters of it (`near`; where three quarters is not
-    cheap on this host, `near_top`, a quarter and a half), so the fit extrapolates by a quarter of the
-    batch, not by half of it: a run's noise in the slope is carried that much less far. vit-b16 fp32
-    sgd-momentum b16 at 112 px (session 36, Intel VM): runs at 2, 4, 8, 8 measured 1160, 1205, 1302 and
-    1299 MiB, high draws at 8 (two other runs there 1229 and 1265); their line put 16 at ~1490 MiB and
-    the estimate came out +15.8%, where runs at 12 measured 1316-1321 and at 16 1347-1386."""
-    if batch >= AT_BATCH_BELOW:
-        return tuple(sorted({batch // 8, batch // 2, 3 * batch // 4})) if near else (batch // 8, batch // 4, batch // 2)
+    fit over 1, 2 and 4 says 0.76 resident bytes per transient byte where 2-8 say 1.2-1.3)."""
     sizes = sorted({max(1, batch // 8), max(1, batch // 4), max(1, batch // 2)})
     if sizes[0] == 1 and len(sizes) == 3:  # 8 <= batch < 16: three runs from 2 up
         sizes = sorted({max(2, batch // 4), (max(2, batch // 4) + batch // 2) // 2, batch // 2})
     return tuple(sizes)
-
-
-def near_top(batch: int, predicted: int) -> bool:
-    """Whether the calibration's top runs go at three quarters of `batch` (`calibration_batches`), for a
-    resident set predicted `predicted` bytes there before any run: where that is cheap on this host
-    (HOST_SHARE), as for runs at the batch itself."""
-    return predicted <= HOST_SHARE * host_memory_bytes()
 
 
 # Batch sizes under this get AT_BATCH_RUNS calibration runs at the batch itself too: from 2 up, the
@@ -151,8 +136,7 @@ def host_memory_bytes() -> int:
 
 
 # Resident-set runs at the largest calibration batch where none run at the batch itself: the fit
-# extrapolates from there (to 4/3 of it, or twice it where not `near_top`), so one run's noise there is
-# carried on to the estimate. vae fp32
+# extrapolates from there (to twice it), so one run's noise there is the estimate's, doubled. vae fp32
 # sgd-momentum b32 (fresh set, session 27, Intel VM): runs at 4, 8, 16 measured 203, 219, 272 MiB and
 # the estimate came out +12.9%; calibrated again on new runs (205, 220, 255 MiB) +0.9%: one run 17 MiB
 # higher at 16 had turned the slope from 1.62 to 2.14. Two runs there halve that run's weight, and how
@@ -374,14 +358,14 @@ def _fit(transient: list[int], extra: list[float], resident: list[int],
 
 
 def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: BatchModel,
-                  scale_threshold: bool | None = None, at_batch: int = 0, near: bool = True) -> tuple[Calibration, BatchModel]:
+                  scale_threshold: bool | None = None, at_batch: int = 0) -> tuple[Calibration, BatchModel]:
     """Fit the CPU runtime overhead; returns it and the batch model to use (fake, or real traces).
     `scale_threshold`: whether the resident-set runs fix glibc's mmap threshold at their share of the
     batch (`run_mmap_threshold`); None: where the batch lies across it from them (`crosses`).
     `at_batch`: resident-set runs at the batch itself besides (`runs_at_batch`), under glibc's default
     as a user runs it; they join the fit, and the estimate at the batch leans on them (`Calibration.at_batch`).
-    Without them, the largest calibration batch runs `top_runs` times. `near`: see `calibration_batches`."""
-    rss_batches = calibration_batches(req.batch_size, near)
+    Without them, the largest calibration batch runs `top_runs` times."""
+    rss_batches = calibration_batches(req.batch_size)
     trace_batches = _trace_batches(req.batch_size, at_batch > 0)
     target = threshold_target(req, bm, rss_batches, req.batch_size) if scale_threshold is None \
         else req.batch_size if scale_threshold else None

@@ -131,12 +131,10 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     calib = None
     record = _run_recorder(fingerprint, hw, req, measured) if local_cpu else None
     if local_cpu and do_cal and used != "analytic":
-        from advisor.estimate.calibrate import near_top, runs_at_batch
+        from advisor.estimate.calibrate import runs_at_batch
 
-        before = Evaluator(hw, req, bm, None)
-        at_batch = runs_at_batch(batch, before.predicted_total(batch))
-        near = near_top(batch, before.predicted_total(max(1, 3 * batch // 4)))
-        calib, bm = _calibrate(fingerprint, workload, workload_args, req, bm, notes, record, at_batch, near)
+        at_batch = runs_at_batch(batch, Evaluator(hw, req, bm, None).predicted_total(batch))
+        calib, bm = _calibrate(fingerprint, workload, workload_args, req, bm, notes, record, at_batch)
 
     ev = Evaluator(hw, req, bm, calib)
     predicts = "cpu_rss" if hw.device_type == "cpu" else "cuda_reserved"
@@ -245,11 +243,11 @@ CALIBRATIONS_KEPT = 64
 def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workload_args: dict[str, Any] | None,
                req: EstimateRequest, bm: BatchModel, notes: list[str],
                record: Callable[[tuple[Run, ...]], None] | None = None,
-               at_batch: int = 0, near: bool = True) -> tuple[CpuCalibration | None, BatchModel]:
+               at_batch: int = 0) -> tuple[CpuCalibration | None, BatchModel]:
     """Short real runs on this CPU (see calibrate.py), or those of an earlier estimate of the same request
     (in this process, or kept on this host: calcache.py); a workload object cannot run in a fresh
     process. New runs go to `record` (the measured-peak store) too. `at_batch`: runs at the batch itself
-    besides (calibrate.runs_at_batch); `near`: the top runs at three quarters of it (calibrate.near_top)."""
+    besides (calibrate.runs_at_batch)."""
     if not isinstance(workload, str):
         notes.append("not calibrated: a workload passed as an object cannot be run in a fresh process")
         return None, bm
@@ -260,20 +258,20 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
     from advisor.estimate.calibrate import calibrate_cpu, calibration_batches, mapped_regime_note, top_runs
 
     request = req.model_dump(mode="json")
-    key = json.dumps([workload, workload_args or {}, fingerprint(), request, at_batch, near], sort_keys=True, default=str)
+    key = json.dumps([workload, workload_args or {}, fingerprint(), request, at_batch], sort_keys=True, default=str)
     reused = " (runs of an earlier estimate in this process)" if key in _CALIBRATIONS else ""
     if not reused:
-        disk_key = calcache.calibration_key(workload, workload_args or {}, fingerprint(), {**request, "at_batch": at_batch, "near": near})
+        disk_key = calcache.calibration_key(workload, workload_args or {}, fingerprint(), {**request, "at_batch": at_batch})
         kept = calcache.load(disk_key, bm)
         if kept is not None:
             reused = " (runs of an earlier estimate on this host, kept in the data dir)"
             _CALIBRATIONS[key] = kept
         else:
-            sizes = calibration_batches(req.batch_size, near)
+            sizes = calibration_batches(req.batch_size)
             at = f" and {req.batch_size} (x{at_batch})" if at_batch else f" ({sizes[-1]} x{top_runs(at_batch)})"
             report(f"calibrating: real steps in fresh processes at batch sizes {', '.join(map(str, sizes))}{at}")
             try:
-                _CALIBRATIONS[key] = calibrate_cpu(workload, workload_args or {}, req, bm, at_batch=at_batch, near=near)
+                _CALIBRATIONS[key] = calibrate_cpu(workload, workload_args or {}, req, bm, at_batch=at_batch)
             except TrialError as exc:  # the real step fails here (e.g. no kernel for this dtype): the trace stands alone
                 notes.append(f"not calibrated: {exc}")
                 return None, bm

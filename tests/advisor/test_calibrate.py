@@ -78,14 +78,9 @@ def test_runs_that_grow_far_past_what_their_transient_bytes_explain_are_fitted_p
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 4, 7, 8, 9, 12, 15, 16, 17, 64, 1000])
-def test_calibration_runs_stay_below_the_batch_and_leave_batch_one_out_from_eight(batch: int) -> None:
+def test_calibration_runs_stay_at_or_below_half_the_batch_and_leave_batch_one_out_from_eight(batch: int) -> None:
     sizes = calibration_batches(batch)
-    assert list(sizes) == sorted(set(sizes))
-    if batch >= 16:  # the top runs at three quarters of it, or at half where that is not cheap here (near_top)
-        assert sizes == (batch // 8, batch // 2, 3 * batch // 4)
-        assert calibration_batches(batch, near=False) == (batch // 8, batch // 4, batch // 2)
-    else:
-        assert sizes[-1] <= max(1, batch // 2) and calibration_batches(batch, near=False) == sizes
+    assert list(sizes) == sorted(set(sizes)) and sizes[-1] <= max(1, batch // 2)
     if batch >= 8:  # batch 1 takes other kernels' paths: three sizes from 2 up instead
         assert len(sizes) == 3 and sizes[0] >= 2
     else:
@@ -369,8 +364,8 @@ def _tiny_gpt2(batch: int):
 
 
 def test_measured_peaks_under_an_eighth_of_the_batch_stay_out_of_a_calibrated_fit(tmp_path, monkeypatch) -> None:
-    """tiny-mlp at 24 keeps its runs (3, 12, 18 twice) as measured peaks; an estimate at 96 calibrates at
-    12, 48, 72 (twice) and takes in only the earlier three at 12 and 18 (3 lies under 96 / 8, named in a note);
+    """tiny-mlp at 24 keeps its runs (3, 6, 12 twice) as measured peaks; an estimate at 96 calibrates at
+    12, 24, 48 (twice) and takes in only the earlier two at 12 (3 and 6 lie under 96 / 8, named in a note);
     without calibrating, the peaks are all it fits, and it takes all eight. Real runs, a real store."""
     from advisor.estimate.estimator import _CALIBRATIONS
     from advisor.settings import get_settings
@@ -380,11 +375,11 @@ def test_measured_peaks_under_an_eighth_of_the_batch_stay_out_of_a_calibrated_fi
     _CALIBRATIONS.clear()
     try:
         first = estimate_memory("tiny-mlp", "cpu", 24, calibrate=True)
-        assert first.refined_by == 0 and calibration_batches(24) == (3, 12, 18)
+        assert first.refined_by == 0 and calibration_batches(24) == (3, 6, 12)
         big = estimate_memory("tiny-mlp", "cpu", 96, calibrate=True)
         far = [n for n in big.notes if "under an eighth of batch 96" in n]
-        assert far and "batch size(s) 3 left out" in far[0], big.notes
-        assert big.refined_by == 3 and any("refined by 3 measured peak(s) at batch size(s) 12, 18" in n for n in big.notes)
+        assert far and "batch size(s) 3, 6 left out" in far[0], big.notes
+        assert big.refined_by == 2 and any("refined by 2 measured peak(s) at batch size(s) 12" in n for n in big.notes)
         bare = estimate_memory("tiny-mlp", "cpu", 96, calibrate=False)
         assert bare.refined_by == 8 and not any("left out" in n for n in bare.notes), bare.notes
     finally:
@@ -556,15 +551,12 @@ def test_real_runs_at_the_batch_itself_draw_its_resident_set_n_over_n_plus_one_o
 
 
 def test_runs_at_the_batch_itself_go_only_where_the_batch_is_small_and_cheap_here() -> None:
-    from advisor.estimate.calibrate import (AT_BATCH_BELOW, AT_BATCH_RUNS, HOST_SHARE, host_memory_bytes, near_top,
-                                            runs_at_batch)
+    from advisor.estimate.calibrate import AT_BATCH_BELOW, AT_BATCH_RUNS, HOST_SHARE, host_memory_bytes, runs_at_batch
 
     assert runs_at_batch(8, 100 * MB) == runs_at_batch(AT_BATCH_BELOW - 1, 100 * MB) == AT_BATCH_RUNS
     assert runs_at_batch(1, 100 * MB) == AT_BATCH_RUNS - 1  # calibration_batches(1) already runs at 1
     assert runs_at_batch(AT_BATCH_BELOW, 100 * MB) == 0  # runs at fractions of it span enough
     assert runs_at_batch(8, int(HOST_SHARE * host_memory_bytes()) + 1) == 0  # not cheap on this host
-    # the same test puts a larger batch's top calibration runs at three quarters of it or at half
-    assert near_top(64, 100 * MB) and not near_top(64, int(HOST_SHARE * host_memory_bytes()) + 1)
     # ... and the real traces then go at half the batch and the batch, not a quarter and a half
     assert _trace_batches(8, at_batch=True) == (4, 8) and _trace_batches(4, at_batch=True) == (2, 4)
     assert _trace_batches(8) == (2, 4) and _trace_batches(4) == (1, 2) and _trace_batches(64) == (16, 32)
