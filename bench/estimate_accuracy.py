@@ -919,9 +919,13 @@ def main(argv: list[str] | None = None) -> int:
             results["speed"] = [s for s in prev["speed"] if "problem" not in s]
 
     def save() -> None:
-        results["summary"] = summarize(results["cases"])
-        _atomic_write(out, json.dumps(results, indent=1, default=str))
-        write_markdown(md, results)
+        # the cases kept from --out that the walk has not reached yet stay in the file: a run stopped part
+        # way (session 36's, killed after 6 new cases) otherwise left only the cases it had walked
+        walked = {c["key"] for c in results["cases"]}
+        cases = results["cases"] + [c for k, c in done.items() if k not in walked]
+        results["summary"] = summarize(cases)
+        _atomic_write(out, json.dumps({**results, "cases": cases}, indent=1, default=str))
+        write_markdown(md, {**results, "cases": cases})
 
     t_start = time.perf_counter()
     progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

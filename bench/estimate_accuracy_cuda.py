@@ -423,9 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     md = args.out.with_suffix(".md")
 
     def save() -> None:
-        res["summary"] = summarize(res["cases"])
-        _atomic_write(args.out, json.dumps(res, indent=1, default=str))
-        write_markdown(md, res)
+        # kept cases the walk has not reached (a --budget-s stop, a killed run) stay in the file
+        walked = {c["key"] for c in res["cases"]}
+        cases = res["cases"] + [c for k, c in done.items() if k not in walked]
+        res["summary"] = summarize(cases)
+        _atomic_write(args.out, json.dumps({**res, "cases": cases}, indent=1, default=str))
+        write_markdown(md, {**res, "cases": cases})
 
     def out_of_time() -> bool:
         return args.budget_s is not None and time.perf_counter() - t_start > args.budget_s
