@@ -353,6 +353,14 @@ def source_fingerprint() -> dict[str, Any]:
     return {"advisor_dir": where, "sha256": h.hexdigest()[:16], "git_head": git_head}
 
 
+def with_unreached(walked: list[dict[str, Any]], kept: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cases a --resume run has walked, then those kept from --out (by key) it has not reached: what its
+    file holds, so a run stopped part way (session 36's, killed after 6 new cases; a --budget-s stop) keeps
+    every case it was given instead of only those it walked."""
+    seen = {c["key"] for c in walked}
+    return walked + [c for k, c in kept.items() if k not in seen]
+
+
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -919,10 +927,7 @@ def main(argv: list[str] | None = None) -> int:
             results["speed"] = [s for s in prev["speed"] if "problem" not in s]
 
     def save() -> None:
-        # the cases kept from --out that the walk has not reached yet stay in the file: a run stopped part
-        # way (session 36's, killed after 6 new cases) otherwise left only the cases it had walked
-        walked = {c["key"] for c in results["cases"]}
-        cases = results["cases"] + [c for k, c in done.items() if k not in walked]
+        cases = with_unreached(results["cases"], done)
         results["summary"] = summarize(cases)
         _atomic_write(out, json.dumps({**results, "cases": cases}, indent=1, default=str))
         write_markdown(md, {**results, "cases": cases})

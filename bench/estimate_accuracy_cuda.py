@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 
 from bench.estimate_accuracy import (  # noqa: E402
     GB, GOALS, MaxBatchCase, WorkloadCase, _apct, _atomic_write, _child, _gb, _md_table, _pct, anchor_accelerate,
-    anchor_deepspeed, anchor_rule24, case_key, rel, source_fingerprint,
+    anchor_deepspeed, anchor_rule24, case_key, rel, source_fingerprint, with_unreached,
 )
 
 CUDA_WORKLOADS: list[WorkloadCase] = [
@@ -423,9 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     md = args.out.with_suffix(".md")
 
     def save() -> None:
-        # kept cases the walk has not reached (a --budget-s stop, a killed run) stay in the file
-        walked = {c["key"] for c in res["cases"]}
-        cases = res["cases"] + [c for k, c in done.items() if k not in walked]
+        cases = with_unreached(res["cases"], done)
         res["summary"] = summarize(cases)
         _atomic_write(args.out, json.dumps({**res, "cases": cases}, indent=1, default=str))
         write_markdown(md, {**res, "cases": cases})

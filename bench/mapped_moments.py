@@ -72,8 +72,9 @@ def main() -> None:
         real = statistics.median(r.rss_delta_bytes for r in runs.values())
         moments = Evaluator(hw, req, chosen, calib).predicted_total(b)
         terms = [peaks_model(req, chosen, calib.hidden_ratio, x, t) for x, _, t in calib.rss]
-        icpt, slope = C._fit([h + hid for _, h, hid in terms], [r - base for (_, r, _), (base, _, _) in zip(calib.rss, terms)],
-                             [r for _, r, _ in calib.rss])[:2]
+        fit = C._fit([h + hid for _, h, hid in terms], [r - base for (_, r, _), (base, _, _) in zip(calib.rss, terms)],
+                     [r for _, r, _ in calib.rss])
+        icpt, slope = fit.intercept, fit.slope
         base, heap, hidden = peaks_model(req, chosen, calib.hidden_ratio, b)
         tr = chosen.at(b)
         peaks = max(touched_peak(scaled_curve(req, tr, 1), tr.untouched) + hidden, base + slope * (heap + hidden) + icpt)

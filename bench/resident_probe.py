@@ -135,8 +135,8 @@ def predict(rec: dict, x) -> float:
     runs, t = rec["runs"], rec["target"]
     transient = [x(r) + r["hidden"] for r in runs]
     extra = [r["rss"] - r["persistent"] - r["over"] for r in runs]
-    intercept, slope = calibrate._fit(transient, extra, [r["rss"] for r in runs])[:2]
-    return t["persistent"] + t["over"] + intercept + slope * (x(t) + t["hidden"])
+    fit = calibrate._fit(transient, extra, [r["rss"] for r in runs])
+    return t["persistent"] + t["over"] + fit.intercept + fit.slope * (x(t) + t["hidden"])
 
 
 def compare(args) -> None:
