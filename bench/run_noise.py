@@ -14,6 +14,10 @@ Per k, the excess (median of the three fresh runs / highest of the k earlier one
 99th percentiles, and at the percentile where k = 1's reaches calibrate.UNREPEATED_NOISE (what the largest
 batch keeps clear above one run): the share calibrate.MAX_OF_RUNS_NOISE keeps above the highest of k runs,
 at the same risk. A tool for choosing that constant, not a benchmark of a goal.
+
+`--by-size`: instead, the sets in eight bins of equal count by their median resident set: per bin, the
+95th percentile of a run's shortfall below its set's median and of a set's range (both as shares of the
+median), and the power law through the bins' first percentiles (what calibrate.NOISE_EXPONENT takes).
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from advisor.estimate.calibrate import MAX_OF_RUNS_NOISE, UNREPEATED_NOISE  # no
 KS = (1, 2, 3, 4)
 
 
-def run_sets(files: list[Path]) -> list[tuple[float, ...]]:
-    """Each case's first three resident-set runs as shares of their median, once per distinct set."""
+def run_sets(files: list[Path], absolute: bool = False) -> list[tuple[float, ...]]:
+    """Each case's first three resident-set runs as shares of their median (`absolute`: in bytes), once per
+    distinct set."""
     seen: set[tuple[int, ...]] = set()
     out = []
     for f in files:
@@ -43,9 +48,31 @@ def run_sets(files: list[Path]) -> list[tuple[float, ...]]:
             if len(runs) < 3 or runs in seen:
                 continue
             seen.add(runs)
-            m = statistics.median(runs)
+            m = 1 if absolute else statistics.median(runs)
             out.append(tuple(r / m for r in runs))
     return out
+
+
+def by_size(sets: list[tuple[float, ...]], bins: int = 8) -> None:
+    """Print, per bin of sets by median resident set, the 95th percentiles of a run's shortfall below the
+    median and of the range (shares), and the power laws through them."""
+    import numpy as np
+
+    med = np.array([statistics.median(s) for s in sets])
+    below = np.array([[(m - r) / m for r in s] for s, m in zip(sets, med)])
+    spread = np.array([(max(s) - min(s)) / m for s, m in zip(sets, med)])
+    print(f"{len(sets)} distinct sets of three runs, {bins} bins by their median resident set")
+    print("| median GB | sets | p95 below median | p95 range |")
+    print("|---|---|---|---|")
+    x, y_below, y_range = [], [], []
+    for idx in np.array_split(np.argsort(med), bins):
+        x.append(float(np.median(med[idx])))
+        y_below.append(float(np.percentile(below[idx].ravel(), 95)))
+        y_range.append(float(np.percentile(spread[idx], 95)))
+        print(f"| {x[-1] / 1e9:.2f} | {len(idx)} | {y_below[-1]:.1%} | {y_range[-1]:.1%} |")
+    for name, y in (("below median", y_below), ("range", y_range)):
+        slope, icpt = np.polyfit(np.log(x), np.log(y), 1)
+        print(f"{name}: share ~ resident^{slope:.2f}, {np.exp(icpt + slope * np.log(1e9)):.1%} at 1 GB")
 
 
 def excesses(k: int, draw, n: int) -> list[float]:
@@ -62,12 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="*", type=Path)
     p.add_argument("--draws", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--by-size", action="store_true", help="the noise by resident-set size instead (see above)")
     a = p.parse_args(argv)
     files = a.files or sorted(f for f in (ROOT / "bench" / "results").glob("accuracy*.json") if "cuda" not in f.name)
-    sets = run_sets(files)
+    sets = run_sets(files, absolute=a.by_size)
     if not sets:
         print("no cases with three resident-set runs in", ", ".join(map(str, files)), file=sys.stderr)
         return 2
+    if a.by_size:
+        by_size(sets)
+        return 0
     rng = random.Random(a.seed)
     pool = [s for case in sets for s in case]
     sds = [statistics.stdev(case) for case in sets]

@@ -53,32 +53,39 @@ class Calibration(CpuCalibration):
         grows with what is resident, and the answer's resident set is larger than the runs' where it
         lies past them): a fit through two points passes within bytes of both, yet the next run strays
         as far as runs do here."""
-        return max(self.spread, self.noise_share() * resident) if self.rss else self.spread
+        return max(self.spread, self.noise_share(resident) * resident) if self.rss else self.spread
 
-    def noise_share(self) -> float:
-        """How far a run at the answer may come out above the fit, as a share of its resident set: the
-        share that runs at one batch size differed by (`repeat_noise`), and at least UNREPEATED_NOISE,
-        what single runs stray by across workloads: two runs that agree say little of the next one.
+    def noise_share(self, resident: float = 0.0) -> float:
+        """How far a run at the answer may come out above the fit, as a share of its resident set
+        `resident` (bytes): the share that runs at one batch size differed by (`repeat_noise`), and at
+        least UNREPEATED_NOISE, what single runs stray by across workloads (both as `noise_scale` takes them
+        to a larger resident set): two runs that agree say little of the next one.
         mlp under 1.5 GB (session 22, Intel VM), twice: two runs at 25308 (25416) close together, so
         RUN_NOISE (28 MiB) kept clear, and the fit answered 27225 (27372), where the bench's runs
         measured over the cap and at the real largest batch 26714 (26858) they spread 3-5.5%.
         tiny-gpt2 uncalibrated with one real peak at 32 and one at 128, under a cap of 1.5x the
         larger, with RUN_NOISE kept clear: the median of 3 runs at the answer came out 0.7 MB over
         (CI, 2026-11-25) and 1.7 MB over (session 21's AMD VM) a 257-271 MB cap."""
-        return self.runs_share(1)
+        return self.runs_share(1, resident)
 
-    def runs_share(self, k: int) -> float:
+    def runs_share(self, k: int, resident: float = 0.0) -> float:
         """What a batch whose own k runs (1 or more) vouch for it keeps clear above the highest of them,
-        as a share of it: MAX_OF_RUNS_NOISE for k runs, or the runs' `repeat_noise` where wider."""
-        return max(MAX_OF_RUNS_NOISE[min(k, len(MAX_OF_RUNS_NOISE)) - 1], self.repeat_noise())
+        as a share of it, at a resident set of `resident` bytes: MAX_OF_RUNS_NOISE for k runs, or the runs'
+        `repeat_noise` where wider, each as `noise_scale` takes it there."""
+        share = MAX_OF_RUNS_NOISE[min(k, len(MAX_OF_RUNS_NOISE)) - 1] * noise_scale(NOISE_REF_BYTES, resident)
+        return max(share, self.repeat_noise(resident))
 
-    def repeat_noise(self) -> float:
+    def repeat_noise(self, resident: float = 0.0) -> float:
         """The widest range between runs at one batch size under glibc's default, as a share of their
-        median (0 where no batch ran twice): the noise of this workload's runs seen directly, where it
-        exceeds UNREPEATED_NOISE. resnet18 at 64 px under 1.5 GB (session 21): runs at 433 measured 1374 and
-        1442 MiB (4.8%), the fit through them answered 428 with its 38 MiB spread kept clear, and the
-        bench's three runs at 428 then measured 1470-1547 MiB, over the cap."""
-        ranges = [(max(rs) - min(rs)) / float(np.median(rs)) for rs in self.default_runs().values() if len(rs) > 1]
+        median, taken to a resident set of `resident` bytes from theirs (`noise_scale`; 0 where no batch
+        ran twice): the noise of this workload's runs seen directly, where it exceeds UNREPEATED_NOISE.
+        resnet18 at 64 px under 1.5 GB (session 21): runs at 433 measured 1374 and 1442 MiB (4.8%), the fit
+        through them answered 428 with its 38 MiB spread kept clear, and the bench's three runs at 428 then
+        measured 1470-1547 MiB, over the cap. mlp under 1.5 GB (session 37): its two runs at 4096 came out
+        14% apart at ~0.4 GB, and 14% of the answer's 1.4 GB kept 174 MiB clear, where runs at 25758
+        spread 3%: 0.884 of the real largest batch."""
+        ranges = [(max(rs) - min(rs)) / float(np.median(rs)) * noise_scale(float(np.median(rs)), resident)
+                  for rs in self.default_runs().values() if len(rs) > 1]
         return max(ranges, default=0.0)
 
     def default_runs(self) -> dict[int, list[int]]:
@@ -268,6 +275,25 @@ UNREPEATED_NOISE = 0.05
 # (session 33): the near round's two runs at 15 were not clear of the cap less 5%, so it answered 14;
 # the real largest batch is 16 (its runs 2464-2504 MB).
 MAX_OF_RUNS_NOISE = (UNREPEATED_NOISE, 0.026, 0.015)
+# A run's noise as a share of its resident set shrinks as the resident set grows. Over the benches' 851
+# distinct sets of three runs (bench/results/accuracy*.json, CPU; `bench/run_noise.py --by-size`), the 95th
+# percentile of a run's shortfall below its set's median falls from 4.6% at 0.29 GB to 2.2% at 2.3 GB (eight
+# bins of ~106 sets: a power law of exponent -0.33, 3.0% at 1 GB), and of a set's range from 14% to 5.4%
+# (exponent -0.49). The shares above hold up to NOISE_REF_BYTES, where they stand above that percentile
+# (5% against 3.0%), and shrink as resident^-NOISE_EXPONENT past it; a range seen at one batch size shrinks
+# the same way from its runs' resident set to a larger one (taken as NOISE_LAW_FROM where smaller: no set
+# under it was measured enough to say how the share goes there), and never grows to a smaller one.
+NOISE_REF_BYTES = 1e9
+NOISE_LAW_FROM = 0.25e9
+NOISE_EXPONENT = 1 / 3
+
+
+def noise_scale(seen: float, resident: float) -> float:
+    """What a noise share seen at a resident set of `seen` bytes becomes at `resident` bytes (at most 1)."""
+    seen = max(seen, NOISE_LAW_FROM)
+    return 1.0 if resident <= seen else (seen / resident) ** NOISE_EXPONENT
+
+
 # Where a calibration's runs say little of the slope, it is drawn toward this one: the median slope
 # of calibrations here (the accuracy grid's 32 from batch 16 up, session 23: 1.16). Not the
 # uncalibrated default's (overhead.CPU_DEFAULT, median 1.53), fitted through runs from an eighth of a

@@ -287,7 +287,7 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
     sizes = ", ".join(f"{b} x{counts[b]}" if counts[b] > 1 else str(b) for b in calib.batches)
     notes.append(f"calibrated on this CPU with real steps at batch sizes {sizes}{reused}: "
                  f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps that, and "
-                 f"at least {calib.noise_share():.0%} of its resident set, clear)")
+                 f"at least {calib.noise_share():.0%} of its resident set, a smaller share past 1 GB, clear)")
     fixed = sorted({(b, t) for b, _, t in calib.rss if t is not None})
     if fixed:
         notes.append(f"the runs at batch sizes {', '.join(str(b) for b, _ in fixed)} fixed glibc's mmap threshold at "

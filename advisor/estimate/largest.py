@@ -250,21 +250,23 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str], 
     if not by_batch:  # no runs (and then no Calibration to take their noise from)
         return None
     limit = _run_limit(ev, usable)
-    share = ev.calib.noise_share()
     over = _measured_over(ev, usable)
 
-    def room(rs: list[int], share: float = share) -> float:  # under the limit, the worst run and its noise kept clear (bytes)
+    def room(rs: list[int], share: float) -> float:  # under the limit, the worst run and its noise kept clear (bytes)
         return limit - (1 + share) * max(rs)
 
-    own = [b for b, rs in by_batch.items() if room(rs, ev.calib.runs_share(len(rs))) >= 0 and (over is None or b < over)]
+    def own_share(rs: list[int]) -> float:  # what a batch's own runs keep clear above the highest of them (share)
+        return ev.calib.runs_share(len(rs), max(rs))
+
+    own = [b for b, rs in by_batch.items() if room(rs, own_share(rs)) >= 0 and (over is None or b < over)]
     lo, why = None, ""
     if own:
         rs = by_batch[max(own)]
         lo, why = max(own), (f"its own {len(rs)} real run(s) ({max(rs) / 2**20:.0f} MiB at most, within the cap less "
-                             f"{ev.calib.runs_share(len(rs)):.1%} of it, what the median of later runs may add)")
+                             f"{own_share(rs):.1%} of it, what the median of later runs may add)")
 
     def kept_past(rs: list[int]) -> float:  # what extending past a batch's runs keeps clear above them (share)
-        return ev.calib.runs_share(len(rs)) if explore else share
+        return own_share(rs) if explore else ev.calib.noise_share(max(rs))
 
     clear = [b for b in own if room(by_batch[b], kept_past(by_batch[b])) >= 0]
     if clear:

@@ -529,6 +529,34 @@ def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() 
     assert dataclasses.replace(base, rss=base.rss + ((4, 20 * MB, 4 * MB),)).repeat_noise() == 0.0
 
 
+def test_the_noise_kept_clear_is_a_smaller_share_of_a_larger_resident_set() -> None:
+    """A run's noise shrinks as a share of the resident set as it grows (bench/run_noise.py --by-size): the
+    shares hold up to NOISE_REF_BYTES and shrink as its cube root past it; a range seen between two runs
+    shrinks the same way from their own resident set to the answer's, never grows to a smaller one, and a
+    range seen under NOISE_LAW_FROM shrinks only from there."""
+    from advisor.estimate.calibrate import (MAX_OF_RUNS_NOISE, NOISE_LAW_FROM, NOISE_REF_BYTES, UNREPEATED_NOISE,
+                                            Calibration)
+
+    GB = 1e9
+    single = Calibration(intercept=0.0, slope=1.0, rss=((1024, int(0.4 * GB), None), (2048, int(0.45 * GB), None)))
+    assert single.noise_share(0.5 * GB) == single.noise_share(NOISE_REF_BYTES) == UNREPEATED_NOISE
+    assert single.noise_share(8 * GB) == pytest.approx(UNREPEATED_NOISE / 2)  # (1/8)^(1/3)
+    assert single.runs_share(2, 8 * GB) == pytest.approx(MAX_OF_RUNS_NOISE[1] / 2)
+    assert single.margin(8 * GB) == pytest.approx(0.025 * 8 * GB)  # the fit's spread (0) is narrower
+    # two runs at 4096 14% apart around 0.4 GB (mlp, session 37): that share there, less at 1.6 GB
+    twice = Calibration(intercept=0.0, slope=1.0, rss=single.rss + ((4096, int(0.37 * GB), None),
+                                                                    (4096, int(0.43 * GB), None)))
+    seen = 0.06 / 0.4
+    assert twice.repeat_noise() == twice.repeat_noise(0.3 * GB) == pytest.approx(seen)
+    assert twice.repeat_noise(1.6 * GB) == pytest.approx(seen * (0.4 / 1.6) ** (1 / 3))
+    assert twice.noise_share(1.6 * GB) == pytest.approx(seen * 0.25 ** (1 / 3))  # still wider than UNREPEATED_NOISE
+    assert UNREPEATED_NOISE < twice.noise_share(1.6 * GB) < twice.noise_share(0.4 * GB)
+    # runs 10% apart at 20 MB: under NOISE_LAW_FROM, the share holds up to it and shrinks only past it
+    small = Calibration(intercept=0.0, slope=1.0, rss=((8, 19 * 10**6, None), (8, 21 * 10**6, None)))
+    assert small.repeat_noise(NOISE_LAW_FROM) == pytest.approx(0.1)
+    assert small.repeat_noise(8 * NOISE_LAW_FROM) == pytest.approx(0.05)
+
+
 def test_real_runs_at_the_batch_itself_draw_its_resident_set_n_over_n_plus_one_of_the_way() -> None:
     """Calibration.at_batch on tiny-gpt2's real batch model: two runs at 8 under glibc's default, 30
     and 60 MB over the line, draw the estimate at 8 two thirds of the way to their mean (+30 MB); a run
