@@ -24,7 +24,9 @@ markdown file next to it (accuracy.md):
    MLP-Mixer), written in session 21 before any estimate of them was seen; with `--set kinds`, on
    bench/workloads/kinds.py's, session 27's kinds no other set has (graph message passing, an STFT
    front end, 3-D convolutions, checkpoint inside the model, EmbeddingBag, a diffusion block, a
-   data-dependent mixture of experts, weight tying).
+   data-dependent mixture of experts, weight tying); with `--set fresh2`, on bench/workloads/fresh2.py's
+   (a ConvNeXt CNN, a PointNet, a SimCLR-style contrastive model, an FT-Transformer on a dict batch),
+   written in session 37 before any estimate of them was seen.
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
@@ -118,6 +120,22 @@ KINDS_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("mixture of experts", f"{_KINDS}:moe", {}, (8, 32)),
     WorkloadCase("tied, reused block", f"{_KINDS}:tied", {}, (8, 32)),
 ]
+
+# Workloads written in session 37 before any estimate of them was seen (bench/workloads/fresh2.py), for
+# `--set fresh2`: fresh.py's were read, and the estimator changed for them, in sessions 22-34. Sized by one
+# measured run each (fp32 adamw, session 37's Intel VM, MiB at the two batches): convnext 332 / 600, pointnet
+# 808 / 2104, simclr 583 / 1297, ftt 634 / 1917.
+_FRESH2 = "bench/workloads/fresh2.py"
+FRESH2_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("ConvNeXt CNN", f"{_FRESH2}:convnext", {}, (8, 32)),
+    WorkloadCase("point cloud", f"{_FRESH2}:pointnet", {}, (8, 24)),
+    WorkloadCase("contrastive (2B x 2B loss)", f"{_FRESH2}:simclr", {}, (64, 256)),
+    WorkloadCase("tabular transformer (dict batch)", f"{_FRESH2}:ftt", {}, (64, 256)),
+]
+
+# The accuracy part's workload sets beside the presets' grid (`--set`): each is named by its path in the tree.
+SETS: dict[str, list[WorkloadCase]] = {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS,
+                                       "fresh2": FRESH2_WORKLOADS}
 
 QUICK_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("MLP", "mlp", {}, (1024, 1024)),
@@ -841,10 +859,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/accuracy.json, "
                     "accuracy-quick.json with --quick); the markdown goes beside it with a .md suffix")
     ap.add_argument("--resume", action="store_true", help="keep the cases already in --out and run only the rest")
-    ap.add_argument("--set", choices=("presets", "unseen", "fresh", "kinds"), default="presets", help="the accuracy part's "
+    ap.add_argument("--set", choices=("presets", *SETS), default="presets", help="the accuracy part's "
                     "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, "
-                    "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, or "
-                    "bench/workloads/kinds.py's, session 27's kinds no other set has")
+                    "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, "
+                    "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's, "
+                    "written in session 37 before any estimate of them was seen")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
     ap.add_argument("--precisions", default=None, help="comma-separated precisions to run (accuracy part: "
@@ -876,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=240)
     out = (args.out or ROOT / "bench" / "results" / ("accuracy-quick.json" if args.quick else "accuracy.json")).resolve()
     md = out.with_suffix(".md")
-    if args.set in ("unseen", "fresh", "kinds"):
+    if args.set in SETS:
         os.chdir(ROOT)  # the workloads are named by their path in the tree, for every fresh process of a run too
     if args.render_only:
         results = json.loads(out.read_text())
@@ -889,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
     workloads = QUICK_WORKLOADS if args.quick else \
-        {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS}.get(args.set, WORKLOADS)
+        SETS.get(args.set, WORKLOADS)
     # --only: the other workloads' cases kept from --out (with --resume) stay in it, in their place, untouched
     only = {n.strip() for n in args.only.split(",")} if args.only else {w.workload for w in workloads}
     precisions = {p.strip() for p in args.precisions.split(",")} if args.precisions else set(PRECISIONS)
