@@ -82,7 +82,7 @@ class Calibration(CpuCalibration):
         resnet18 at 64 px under 1.5 GB (session 21): runs at 433 measured 1374 and 1442 MiB (4.8%), the fit
         through them answered 428 with its 38 MiB spread kept clear, and the bench's three runs at 428 then
         measured 1470-1547 MiB, over the cap. mlp under 1.5 GB (session 37): its two runs at 4096 came out
-        14% apart at ~0.4 GB, and 14% of the answer's 1.4 GB kept 174 MiB clear, where runs at 25758
+        14% apart at ~0.4 GB, and 14% of the answer's resident set kept 174 MiB clear, where runs at 25758
         spread 3%: 0.884 of the real largest batch."""
         ranges = [(max(rs) - min(rs)) / float(np.median(rs)) * noise_scale(float(np.median(rs)), resident)
                   for rs in self.default_runs().values() if len(rs) > 1]
