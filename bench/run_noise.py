@@ -17,7 +17,7 @@ at the same risk. A tool for choosing that constant, not a benchmark of a goal.
 
 `--by-size`: instead, the sets in eight bins of equal count by their median resident set: per bin, the
 95th percentile of a run's shortfall below its set's median and of a set's range (both as shares of the
-median), and the power law through the bins' first percentiles (what calibrate.NOISE_EXPONENT takes).
+median), and the power law through the bins' 95th percentiles (what calibrate.NOISE_EXPONENT takes).
 """
 
 from __future__ import annotations
