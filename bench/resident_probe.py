@@ -130,13 +130,13 @@ TERMS = {"peak": lambda t: t["heap"], "over": over_peak, "share": shared(UNREUSE
 
 
 def predict(rec: dict, x) -> float:
-    """The fitted resident set at the batch (bytes), as calibrate._fit_resident and Evaluator.at take it,
-    with the transient term `x` of a run's terms."""
+    """The fitted resident set at the batch (bytes), as calibrate._fit_resident and Evaluator.at take it (the
+    per-sample term of session 34 included), with the transient term `x` of a run's terms."""
     runs, t = rec["runs"], rec["target"]
     transient = [x(r) + r["hidden"] for r in runs]
     extra = [r["rss"] - r["persistent"] - r["over"] for r in runs]
-    fit = calibrate._fit(transient, extra, [r["rss"] for r in runs])
-    return t["persistent"] + t["over"] + fit.intercept + fit.slope * (x(t) + t["hidden"])
+    fit = calibrate._fit(transient, extra, [r["rss"] for r in runs], batches=[r["batch"] for r in runs])
+    return t["persistent"] + t["over"] + fit.intercept + fit.slope * (x(t) + t["hidden"]) + fit.per_sample * rec["batch"]
 
 
 def compare(args) -> None:
