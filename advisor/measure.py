@@ -45,6 +45,9 @@ class MeasureRequest(BaseModel):
         default=None, gt=0, le=MMAP_THRESHOLD_MAX,
         description="glibc's mmap threshold for the run (bytes), fixed through MALLOC_MMAP_THRESHOLD_ before the process "
         "starts, with the trim threshold at twice it (glibc's own ratio); None: glibc's dynamic default.")
+    heap_log: str | None = Field(
+        default=None, description="mode 'rss': a file to log every allocation and free of the build and steps to "
+        "(advisor.estimate.heaplog), where its logger could be built here; the log is not counted in the resident set.")
 
 
 class MeasureResult(BaseModel):
@@ -142,10 +145,15 @@ def _run(req: MeasureRequest) -> MeasureResult:
                              cuda_context_bytes=None if held is None else held - torch.cuda.memory_reserved(),
                              seconds=time.perf_counter() - t0)
     if req.mode == "rss":
+        from advisor.estimate import heaplog
+
         mark_peak()
         base = current_rss()
+        logging = heaplog.start_logging()  # a fixed buffer: the log's records go to the file, not the resident set
         steps()
         peak = peak_rss()
+        if logging:
+            heaplog.stop_logging()
         return MeasureResult(request=req, rss_delta_bytes=peak - base, baseline_rss_bytes=base,
                              seconds=time.perf_counter() - t0)
     from torch.profiler import ProfilerActivity, profile
@@ -162,6 +170,11 @@ def measure(req: MeasureRequest, timeout_s: float = 600.0) -> MeasureResult:
     if req.mmap_threshold is not None:  # glibc reads these once, when malloc first runs in the new process
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(req.mmap_threshold),
                "MALLOC_TRIM_THRESHOLD_": str(2 * req.mmap_threshold)}
+    if req.heap_log is not None and req.mode == "rss":
+        from advisor.estimate import heaplog
+
+        if heaplog.tools() is not None:
+            env = heaplog.run_env(req.heap_log, env)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired as exc:

@@ -465,8 +465,11 @@ def estimate_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, 
         rec.pop("est_total_bytes_all_peaks", None)
         rec.pop("est_total_bytes_no_runs_at_batch", None)
         rec.pop("est_total_bytes_one_top_run", None)
+        rec.pop("est_total_bytes_no_replay", None)
         at_batch = any("real run(s) at the batch itself" in n for n in est.notes)
+        replayed = any("replayed through this machine's glibc" in n for n in est.notes)
         ablation = ("est_total_bytes_no_runs_at_batch", _without_runs_at_the_batch) if at_batch \
+            else ("est_total_bytes_no_replay", _without_the_replay) if replayed \
             else ("est_total_bytes_one_top_run", _one_top_run) if est.calibrated else None
         if ablation:
             try:  # the ablation's own failure leaves the estimate standing
@@ -489,6 +492,7 @@ def estimate_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, 
     e["ours_vs_alloc"] = rel(rec.get("est_allocated_bytes"), alloc)
     e["ours_no_runs_at_batch_vs_rss"] = rel(rec.get("est_total_bytes_no_runs_at_batch", rec.get("est_total_bytes")), rss)
     e["ours_one_top_run_vs_rss"] = rel(rec.get("est_total_bytes_one_top_run", rec.get("est_total_bytes")), rss)
+    e["ours_no_replay_vs_rss"] = rel(rec.get("est_total_bytes_no_replay", rec.get("est_total_bytes")), rss)
     for name, val in rec["anchors"].items():
         e[f"{name}_vs_rss"] = rel(val, rss)
     e["memtracker_vs_rss"] = rel(rec.get("memtracker_bytes"), rss)
@@ -508,6 +512,12 @@ def _without_runs_at_the_batch(wc: WorkloadCase, precision: str, optimizer: str,
                              lambda p: p[0] == batch)
 
 
+def _without_the_replay(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> int:
+    """Ablation: the total estimated again from the same cached calibration (no run) without its runs' heap
+    replayed at the batch (calibrate.replay_at_batch), as before session 38: the fit's line alone."""
+    return _estimate_without(wc, precision, optimizer, batch, lambda calib: [], lambda p: False, replayed=False)
+
+
 def _one_top_run(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> int:
     """Ablation: the total estimated again from the same cached calibration (no run) with the repeated run at
     the largest calibration batch (calibrate.TOP_RUNS) left out, as before session 28: one run per batch size."""
@@ -519,9 +529,11 @@ def _one_top_run(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -
                              lambda p: False)
 
 
-def _estimate_without(wc: WorkloadCase, precision: str, optimizer: str, batch: int, runs_out, point_out) -> int:
+def _estimate_without(wc: WorkloadCase, precision: str, optimizer: str, batch: int, runs_out, point_out,
+                      replayed: bool = True) -> int:
     """The total estimated again with the cached calibration's runs that `runs_out(calib)` lists left out of its
-    resident-set fit, and the measured peaks that are those runs (kept as peaks too) or that `point_out` names."""
+    resident-set fit, and the measured peaks that are those runs (kept as peaks too) or that `point_out` names;
+    without its heap's replay at the batch unless `replayed`."""
     from dataclasses import replace
     from unittest import mock
 
@@ -542,6 +554,8 @@ def _estimate_without(wc: WorkloadCase, precision: str, optimizer: str, batch: i
                 rss = tuple(rss)
                 fit = calibrate._fit_resident(args[3], bm, calib.hidden_ratio, rss)
                 calib = replace(calib, **fit._asdict(), rss=rss, batches=tuple(sorted({b for b, _, _ in rss})))
+            if not replayed:
+                calib = replace(calib, replayed=())
         return calib, bm
 
     def points_without(*args, **kwargs):
@@ -572,6 +586,7 @@ ERROR_ROWS = [
     ("ours_vs_alloc", "ours (allocated) vs allocated peak"),
     ("ours_no_runs_at_batch_vs_rss", "ours (total), no runs at the batch itself (ablation) vs RSS"),
     ("ours_one_top_run_vs_rss", "ours (total), one run at the largest calibration batch (ablation) vs RSS"),
+    ("ours_no_replay_vs_rss", "ours (total), without the runs' heap replayed at the batch (ablation) vs RSS"),
     ("rule24_vs_rss", "24 B/param rule vs RSS"),
     ("accelerate_vs_rss", "accelerate estimate-memory (16 B/param) vs RSS"),
     ("deepspeed_vs_rss", "DeepSpeed ZeRO-2 1-GPU model states (20 B/param) vs RSS"),

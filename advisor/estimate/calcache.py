@@ -65,7 +65,8 @@ def load(key: str, fake: BatchModel, directory: Path | None = None) -> tuple[Cal
     try:
         data = json.loads(path.read_text())
         calib = Calibration(**{**data["calibration"], "batches": tuple(data["calibration"]["batches"]),
-                               "rss": tuple(tuple(p) for p in data["calibration"]["rss"])})
+                               "rss": tuple(tuple(p) for p in data["calibration"]["rss"]),
+                               "replayed": tuple(tuple(p) for p in data["calibration"].get("replayed", ()))})
         if not calib.used_real_traces:
             return calib, fake
         a, c = data["real_traces"]

@@ -18,9 +18,10 @@ The same real traces stand in for the fake one for a model that cannot be traced
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -46,6 +47,9 @@ class Calibration(CpuCalibration):
     batches: tuple[int, ...] = ()
     used_real_traces: bool = False
     rss: tuple[Run, ...] = ()
+    # (batch size, resident-set increase in bytes) that the runs' own allocations, rescaled to that batch and
+    # replayed through glibc, put there (`replay_at_batch`): one more run at the batch, for `at_batch`
+    replayed: tuple[tuple[int, int], ...] = ()
 
     def margin(self, resident: float) -> float:
         """What the largest batch keeps clear of the cap at a batch whose resident set is predicted
@@ -108,8 +112,10 @@ class Calibration(CpuCalibration):
         one run's noise are alike: on session 20's grid the line strayed 2.4% at the median, 10% at
         most, and one run strayed from its case's other two 1.5% at the median, up to 19%). The line
         alone cannot bend where the heap's reuse of freed chunks changes between the runs below b and
-        b itself (unseen audio net at 8: runs at 2-4 on a line that the runs at 8 sit 20-55 MiB above)."""
-        rs = self.runs_at(b)
+        b itself (unseen audio net at 8: runs at 2-4 on a line that the runs at 8 sit 20-55 MiB above).
+        A replay of the runs' heap at b (`replayed`) counts as one run there: it can bend where the line
+        cannot."""
+        rs = self.runs_at(b) + [r for x, r in self.replayed if x == b]
         if not rs:
             return line
         return line + len(rs) / (len(rs) + 1) * (float(np.mean(rs)) - line)
@@ -195,17 +201,64 @@ def threshold_target(req: EstimateRequest, bm: BatchModel, batches, target: int)
 
 
 def _request(spec: str, args: dict[str, Any], req: EstimateRequest, b: int, mode: str, path: str | None = None,
-             mmap_threshold: int | None = None):
+             mmap_threshold: int | None = None, heap_log: str | None = None):
     return MeasureRequest(workload=spec, workload_args=args, batch_size=b, precision=req.precision,
                           optimizer=req.optimizer, checkpointing=req.checkpointing,
-                          fused_backward=req.fused_backward, mode=mode, trace_path=path, mmap_threshold=mmap_threshold)
+                          fused_backward=req.fused_backward, mode=mode, trace_path=path, mmap_threshold=mmap_threshold,
+                          heap_log=heap_log)
 
 
-def _rss_jobs(spec: str, args: dict[str, Any], req: EstimateRequest, runs, target: int | None) -> dict[Any, MeasureRequest]:
+def _rss_jobs(spec: str, args: dict[str, Any], req: EstimateRequest, runs, target: int | None,
+              logs: str | None = None) -> dict[Any, MeasureRequest]:
     """Resident-set runs keyed by `runs`' keys (their second item: the batch size), standing in for batch
-    `target` (`run_mmap_threshold`), or under glibc's default where `target` is None."""
+    `target` (`run_mmap_threshold`), or under glibc's default where `target` is None; each logging its
+    allocations into the directory `logs` where given (heaplog)."""
     return {r: _request(spec, args, req, r[1], "rss",
-                        mmap_threshold=None if target is None else run_mmap_threshold(r[1], target)) for r in runs}
+                        mmap_threshold=None if target is None else run_mmap_threshold(r[1], target),
+                        heap_log=None if logs is None else os.path.join(logs, f"run{i}.heaplog"))
+            for i, r in enumerate(runs)}
+
+
+def replays_heap(at_batch: int, target: int | None) -> bool:
+    """Whether the calibration's resident-set runs log their allocations for a replay at the batch (heaplog):
+    where none runs at the batch itself (`at_batch`, those measure it), none fixes glibc's mmap threshold
+    (`target`: a run that does stands in for another allocator regime than its log replays), and the logger
+    and replayer can be built here."""
+    from advisor.estimate import heaplog
+
+    return at_batch == 0 and target is None and heaplog.tools() is not None
+
+
+# A replay at a batch holds about what a run there holds: up to this many times its live tensor peak.
+REPLAY_OVER_LIVE = 1.5
+
+
+def replay_at_batch(bm: BatchModel, batch: int, results: list[MeasureResult]) -> tuple[tuple[int, int], ...]:
+    """((batch, resident-set increase in bytes),) from the logged runs among `results` (heaplog.predict, each
+    run's tensor sizes mapped to the batch's by the batch model; the median where several), or () where none
+    could say: no log, or a trace whose kernels leave pages unwritten (oneDNN's RNN workspace: the replay
+    writes every byte it asks for), or one of formulas; or should not: a batch whose live peak, REPLAY_OVER_LIVE
+    times over, takes more than HOST_SHARE of this host's memory (two replays run at once, as runs do)."""
+    from advisor.estimate import heaplog
+
+    at = bm.at(batch)
+    if at.synthetic or (at.untouched is not None and bool(np.any(at.untouched))):
+        return ()
+    if REPLAY_OVER_LIVE * at.peak_bytes > HOST_SHARE * host_memory_bytes():  # a replay holds what the batch holds
+        return ()
+
+    def predict(r: MeasureResult) -> int | None:
+        log, run = r.request.heap_log, bm.at(r.request.batch_size)
+        if not log or not os.path.exists(log) or not os.path.getsize(log) or len(run.sizes) != len(at.sizes):
+            return None
+        try:
+            return heaplog.predict(log, int(r.rss_delta_bytes or 0), r.request.mmap_threshold, run.sizes, at.sizes)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        predictions = [p for p in pool.map(predict, results) if p is not None]
+    return ((batch, int(np.median(predictions))),) if predictions else ()
 
 
 def _rss_point(r: MeasureResult) -> Run:
@@ -397,10 +450,17 @@ def calibrate_cpu(spec: str, args: dict[str, Any], req: EstimateRequest, bm: Bat
         else req.batch_size if scale_threshold else None
     runs = [("rss", b) for b in rss_batches] + [("rss", rss_batches[-1], "again", i) for i in range(1, top_runs(at_batch))] \
         + [("rss", req.batch_size, i) for i in range(at_batch)]
-    jobs = _rss_jobs(spec, args, req, runs, target)
-    jobs[("alloc", trace_batches[1])] = _request(spec, args, req, trace_batches[1], "alloc")
-    real_bm, res = real_batch_model(spec, args, req, trace_batches, jobs)
-    hi = trace_batches[1]
+    with tempfile.TemporaryDirectory(prefix="advisor-heap-") as logs:
+        jobs = _rss_jobs(spec, args, req, runs, target, logs if replays_heap(at_batch, target) else None)
+        jobs[("alloc", trace_batches[1])] = _request(spec, args, req, trace_batches[1], "alloc")
+        real_bm, res = real_batch_model(spec, args, req, trace_batches, jobs)
+        calib, chosen = _calibration(req, bm, real_bm, res, runs, trace_batches[1])
+        return replace(calib, replayed=replay_at_batch(chosen, req.batch_size, [res[r] for r in runs])), chosen
+
+
+def _calibration(req: EstimateRequest, bm: BatchModel, real_bm: BatchModel, res: dict[Any, MeasureResult], runs: list,
+                 hi: int) -> tuple[Calibration, BatchModel]:
+    """The fit over the runs `res` holds (keyed by `runs`; an alloc run at `hi`), and the batch model chosen."""
     # A fake trace whose kernel workspaces were sized by real runs at the full shapes stands: the
     # real traces cannot see scratch a kernel frees inside itself, and extrapolate from small batches.
     use_real = not bm.trace_a.sized_kernels and not all(_agree(bm.at(b), real_bm.at(b)) for b in (real_bm.a, real_bm.c))
@@ -512,7 +572,8 @@ def with_measured_peaks(req: EstimateRequest, bm: BatchModel, first: Calibration
     prior = SLOPE_PRIOR_MEAN if first is not None else CPU_DEFAULT.slope
     return Calibration(**_fit_resident(req, bm, ratio, rss, prior)._asdict(), hidden_ratio=ratio,
                        batches=tuple(sorted({b for b, _, _ in rss})),
-                       used_real_traces=first.used_real_traces if first is not None else False, rss=rss)
+                       used_real_traces=first.used_real_traces if first is not None else False, rss=rss,
+                       replayed=first.replayed if first is not None else ())
 
 
 def from_an_eighth(runs: tuple[Run, ...] | list[Run], batch: int) -> tuple[Run, ...]:
@@ -540,4 +601,5 @@ def recalibrate_near(spec: str, args: dict[str, Any], req: EstimateRequest, bm: 
     res = _run_parallel(_rss_jobs(spec, args, req, runs, threshold_target(req, bm, (max(1, batch // 2),), batch)))
     rss = from_an_eighth(first.rss, batch) + tuple(_rss_point(res[r]) for r in runs)
     return Calibration(**_fit_resident(req, bm, first.hidden_ratio, rss)._asdict(), hidden_ratio=first.hidden_ratio,
-                       batches=tuple(sorted({b for b, _, _ in rss})), used_real_traces=first.used_real_traces, rss=rss)
+                       batches=tuple(sorted({b for b, _, _ in rss})), used_real_traces=first.used_real_traces, rss=rss,
+                       replayed=first.replayed)

@@ -180,16 +180,27 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
 
 
 def _note_runs_at_batch(ev: Evaluator, batch: int, notes: list[str]) -> None:
-    """Say where real runs at the batch itself moved the resident set off the fit's line (CPU)."""
+    """Say where real runs at the batch itself, or the runs' heap replayed there, moved the resident set off
+    the fit's line (CPU)."""
     from advisor.estimate.calibrate import Calibration
 
-    runs = ev.calib.runs_at(batch) if isinstance(ev.calib, Calibration) else []
-    if not runs:
+    if not isinstance(ev.calib, Calibration):
+        return
+    runs, replays = ev.calib.runs_at(batch), [r for b, r in ev.calib.replayed if b == batch]
+    if not runs and not replays:
         return
     line, at = ev.total(batch)[0], ev.total(batch, runs=True)[0]
+    n = len(runs) + len(replays)
+
+    def mib(xs: list[int]) -> str:
+        return ", ".join(f"{x / 2**20:.0f}" for x in xs)
+
+    what = [f"{len(runs)} real run(s) at the batch itself ({mib(runs)} MiB)"] if runs else []
+    what += [f"the calibration runs' own allocations (every malloc and free, logged), their tensors resized to batch "
+             f"{batch} as the trace resizes them and replayed through this machine's glibc ({mib(replays)} MiB, "
+             "weighed as one run)"] if replays else []
     notes.append(f"resident set at batch {batch}: {at / 2**20:.0f} MiB, the fit's {line / 2**20:.0f} MiB drawn "
-                 f"{len(runs)}/{len(runs) + 1} of the way to the mean of {len(runs)} real run(s) at the batch itself "
-                 f"({', '.join(f'{r / 2**20:.0f}' for r in runs)} MiB)")
+                 f"{n}/{n + 1} of the way to the mean of {' and '.join(what)}")
 
 
 def _make_request(hw: HardwareSpec, batch: int, **knobs: Any) -> EstimateRequest:
@@ -288,6 +299,12 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
     notes.append(f"calibrated on this CPU with real steps at batch sizes {sizes}{reused}: "
                  f"{calib.formula()} (runs within {calib.spread / 2**20:.0f} MiB of it; the largest batch keeps that, and "
                  f"at least {calib.noise_share():.0%} of its resident set, a smaller share past 1 GB, clear)")
+    if not calib.replayed and not at_batch:
+        from advisor.estimate import heaplog
+
+        if heaplog.tools() is None:
+            notes.append("the runs' heap was not replayed at the batch: its logger needs Linux with glibc and a C "
+                         "compiler (CC, cc or gcc) to build")
     fixed = sorted({(b, t) for b, _, t in calib.rss if t is not None})
     if fixed:
         notes.append(f"the runs at batch sizes {', '.join(str(b) for b, _ in fixed)} fixed glibc's mmap threshold at "

@@ -1,0 +1,313 @@
+"""glibc's heap at a batch no run reached: a calibration run's own allocations, scaled and replayed.
+
+A CPU run's resident set is what glibc's heap keeps: freed chunks stay resident until reused, and
+which freed chunk a later request reuses depends on the sizes and order of every request, the
+small ones between tensors included (they pin freed tensors' chunks apart, so they cannot merge).
+A line through runs at a fraction of the batch cannot see where that reuse changes: vit-b16 at 112 px
+grows ~20 MiB a sample from 2 to 8 and barely from 12 to 16, where its activations' chunks grow past
+the gradients' and start holding them (bench/BENCHMARKS.calibration.md, sessions 19 and 38).
+
+So a calibration run logs every allocation and free it makes from the build to its last step (an
+LD_PRELOAD shim over malloc, calloc, realloc, posix_memalign, memalign, aligned_alloc and free,
+compiled here on first use with the system's C compiler). The tensors' requests (torch's CPU allocator
+calls posix_memalign) are rescaled from the run's batch to the one asked about, each size mapped as
+the estimator's trace maps it between the two batches; everything else stays as logged. A small
+replayer makes the same requests in the same order through this machine's glibc, writing every byte,
+and reports its peak resident set. The prediction at the batch is the rescaled replay plus what the
+run measured over its own replay (the process's other pages). Where no C compiler or no glibc is
+found, nothing is logged and the estimate says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+# The environment variable that tells a measured run (advisor.measure, rss mode) where to log.
+LOG_ENV = "ADVISOR_HEAP_LOG"
+# One record: (operation, returned pointer, bytes, old pointer for realloc / alignment), 4 x uint64.
+FIELDS = 4
+MALLOC, CALLOC, FREE, REALLOC, POSIX_MEMALIGN, MEMALIGN, ALIGNED_ALLOC = range(1, 8)
+
+SHIM_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+typedef struct { uint64_t op, ptr, size, extra; } rec_t;
+enum { BUF = 16384 };
+static rec_t buf[BUF];
+static int nbuf, fd = -1, initing;
+static volatile int lk;
+static char boot[65536];
+static size_t bootn;
+static void *(*r_malloc)(size_t);
+static void (*r_free)(void *);
+static void *(*r_calloc)(size_t, size_t);
+static void *(*r_realloc)(void *, size_t);
+static int (*r_pm)(void **, size_t, size_t);
+static void *(*r_memalign)(size_t, size_t);
+static void *(*r_aligned)(size_t, size_t);
+static void init(void) {
+  if (r_malloc || initing) return;
+  initing = 1;
+  r_calloc = dlsym(RTLD_NEXT, "calloc"); r_free = dlsym(RTLD_NEXT, "free");
+  r_realloc = dlsym(RTLD_NEXT, "realloc"); r_pm = dlsym(RTLD_NEXT, "posix_memalign");
+  r_memalign = dlsym(RTLD_NEXT, "memalign"); r_aligned = dlsym(RTLD_NEXT, "aligned_alloc");
+  r_malloc = dlsym(RTLD_NEXT, "malloc");
+  initing = 0;
+}
+static void flush(void) {
+  size_t left = nbuf * sizeof(rec_t); const char *p = (const char *)buf;
+  while (left > 0) { ssize_t w = write(fd, p, left); if (w <= 0) break; p += w; left -= w; }
+  nbuf = 0;
+}
+static void rec(uint64_t op, void *p, size_t s, uint64_t x) {
+  if (fd < 0) return;
+  while (__sync_lock_test_and_set(&lk, 1)) {}
+  if (fd >= 0) { buf[nbuf].op = op; buf[nbuf].ptr = (uint64_t)p; buf[nbuf].size = s; buf[nbuf].extra = x;
+                 if (++nbuf == BUF) flush(); }
+  __sync_lock_release(&lk);
+}
+int advisor_heaplog_start(const char *path) {
+  int f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (f < 0) return -1;
+  while (__sync_lock_test_and_set(&lk, 1)) {}
+  nbuf = 0; fd = f;
+  __sync_lock_release(&lk);
+  return 0;
+}
+int advisor_heaplog_stop(void) {
+  while (__sync_lock_test_and_set(&lk, 1)) {}
+  if (fd >= 0) { flush(); close(fd); fd = -1; }
+  __sync_lock_release(&lk);
+  return 0;
+}
+static int in_boot(void *p) { return (char *)p >= boot && (char *)p < boot + sizeof boot; }
+static void *boot_alloc(size_t s) {
+  if (bootn + s > sizeof boot) return 0;
+  void *p = boot + bootn; bootn += (s + 15) & ~(size_t)15; return p;
+}
+void *malloc(size_t s) {
+  if (!r_malloc) init();
+  if (!r_malloc) return boot_alloc(s);
+  void *p = r_malloc(s); if (p) rec(1, p, s, 0); return p;
+}
+void *calloc(size_t n, size_t s) {
+  if (!r_calloc) init();
+  if (!r_calloc) { void *p = boot_alloc(n * s); if (p) memset(p, 0, n * s); return p; }
+  void *p = r_calloc(n, s); if (p) rec(2, p, n * s, 0); return p;
+}
+void free(void *p) {
+  if (!p || in_boot(p)) return;
+  if (!r_free) init();
+  rec(3, p, 0, 0); r_free(p);
+}
+void *realloc(void *o, size_t s) {
+  if (in_boot(o)) { void *p = malloc(s); if (p) memcpy(p, o, s); return p; }
+  if (!r_realloc) init();
+  void *p = r_realloc(o, s); if (p || !s) rec(4, p, s, (uint64_t)o); return p;
+}
+int posix_memalign(void **pp, size_t a, size_t s) {
+  if (!r_pm) init();
+  int r = r_pm(pp, a, s); if (!r) rec(5, *pp, s, a); return r;
+}
+void *memalign(size_t a, size_t s) {
+  if (!r_memalign) init();
+  void *p = r_memalign(a, s); if (p) rec(6, p, s, a); return p;
+}
+void *aligned_alloc(size_t a, size_t s) {
+  if (!r_aligned) init();
+  void *p = r_aligned(a, s); if (p) rec(7, p, s, a); return p;
+}
+"""
+
+REPLAY_C = r"""
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+typedef struct { uint64_t op, ptr, size, extra; } rec_t;
+static long status(const char *key) {
+  FILE *f = fopen("/proc/self/status", "r"); char l[256]; long v = -1; size_t k = strlen(key);
+  if (!f) return -1;
+  while (fgets(l, sizeof l, f)) if (!strncmp(l, key, k)) { v = atol(l + k + 1); break; }
+  fclose(f); return v * 1024;
+}
+static uint64_t *hk; static void **hv; static uint64_t mask;
+static uint64_t h(uint64_t k) { k ^= k >> 33; k *= 0xff51afd7ed558ccdULL; k ^= k >> 33; return k & mask; }
+static void put(uint64_t k, void *v) {
+  uint64_t i = h(k); while (hk[i] && hk[i] != k && hk[i] != 1) i = (i + 1) & mask; hk[i] = k; hv[i] = v;
+}
+static void *take(uint64_t k) {
+  uint64_t i = h(k);
+  while (hk[i]) { if (hk[i] == k) { hk[i] = 1; return hv[i]; } i = (i + 1) & mask; }
+  return 0;
+}
+int main(int argc, char **argv) {
+  if (argc < 2) return 2;
+  FILE *f = fopen(argv[1], "rb"); if (!f) return 2;
+  fseek(f, 0, SEEK_END); long n = ftell(f) / (long)sizeof(rec_t); fseek(f, 0, SEEK_SET);
+  rec_t *r = malloc((n + 1) * sizeof(rec_t));
+  if (!r || fread(r, sizeof(rec_t), n, f) != (size_t)n) return 2;
+  fclose(f);
+  uint64_t cap = 1; while (cap < 2 * (uint64_t)n + 16) cap <<= 1;
+  mask = cap - 1; hk = calloc(cap, sizeof *hk); hv = calloc(cap, sizeof *hv);
+  if (!hk || !hv) return 2;
+  memset(hk, 0, cap * sizeof *hk); memset(hv, 0, cap * sizeof *hv);
+  long base = status("VmRSS:");
+  FILE *c = fopen("/proc/self/clear_refs", "w"); if (c) { fputs("5", c); fclose(c); }
+  for (long i = 0; i < n; i++) {
+    rec_t e = r[i]; void *p = 0;
+    if (e.op == 3) { void *q = take(e.ptr); if (q) free(q); continue; }
+    if (e.op == 4) {
+      void *q = e.extra ? take(e.extra) : 0;
+      p = q ? realloc(q, e.size) : (e.size ? malloc(e.size) : 0);
+    } else if (e.op == 1) p = malloc(e.size);
+    else if (e.op == 2) p = calloc(1, e.size);
+    else if (posix_memalign(&p, e.extra >= sizeof(void *) ? e.extra : sizeof(void *), e.size)) p = 0;
+    if (p && e.size) memset(p, 1, e.size);
+    if (p && e.ptr) put(e.ptr, p);
+  }
+  printf("%ld\n", status("VmHWM:") - base);
+  return 0;
+}
+"""
+
+
+class Tools(NamedTuple):
+    shim: Path  # the LD_PRELOAD library that logs
+    replay: Path  # the replayer
+
+
+@lru_cache(maxsize=1)
+def tools() -> Tools | None:
+    """The logger and replayer, compiled on first use into the data dir (kept by their sources' hash), or
+    None where they cannot be: not Linux with glibc, or no C compiler (`CC`, else cc or gcc)."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        return None
+    from advisor.settings import get_settings
+
+    digest = hashlib.sha256((SHIM_C + REPLAY_C).encode()).hexdigest()[:12]
+    d = get_settings().data_dir / "heaplog" / digest
+    out = Tools(shim=d / "heaplog.so", replay=d / "replay")
+    if out.shim.exists() and out.replay.exists():
+        return out
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=d) as tmp:
+            for name, source, flags in (("heaplog.so", SHIM_C, ["-shared", "-fPIC"]), ("replay", REPLAY_C, [])):
+                src = Path(tmp) / (name.split(".")[0] + ".c")
+                src.write_text(source)
+                subprocess.run([cc, "-O2", *flags, "-o", str(Path(tmp) / name), str(src), "-ldl"],
+                               check=True, capture_output=True, timeout=120)
+            for name in ("heaplog.so", "replay"):
+                os.replace(Path(tmp) / name, d / name)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out
+
+
+def run_env(log_path: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a measured run that logs its allocations to `log_path` (`tools()` must be built)."""
+    t = tools()
+    assert t is not None
+    env = dict(os.environ if env is None else env)
+    env["LD_PRELOAD"] = " ".join(filter(None, [str(t.shim), env.get("LD_PRELOAD", "")]))
+    env[LOG_ENV] = log_path
+    return env
+
+
+def start_logging() -> bool:
+    """In a measured run: start logging where LOG_ENV names a file and the shim is loaded (else False)."""
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return False
+    try:
+        start = ctypes.CDLL(None).advisor_heaplog_start
+    except AttributeError:  # the shim did not load
+        return False
+    start.argtypes = [ctypes.c_char_p]
+    return start(path.encode()) == 0
+
+
+def stop_logging() -> None:
+    ctypes.CDLL(None).advisor_heaplog_stop()
+
+
+def read_log(path: str | Path) -> np.ndarray:
+    """(records, FIELDS) uint64."""
+    return np.fromfile(path, dtype=np.uint64).reshape(-1, FIELDS)
+
+
+def size_map(sizes_from: np.ndarray, sizes_to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted sizes, what each becomes) between two traces of one step at two batch sizes (Trace.sizes:
+    +bytes per allocation, in the same order at both): each size as most of its allocations map it."""
+    a, b = sizes_from[sizes_from > 0], sizes_to[sizes_to > 0]
+    pairs, counts = np.unique(np.stack([a, b], axis=1), axis=0, return_counts=True)
+    order = np.lexsort((-counts, pairs[:, 0]))  # by size, the most frequent target first
+    pairs = pairs[order]
+    first = np.ones(len(pairs), bool)
+    first[1:] = pairs[1:, 0] != pairs[:-1, 0]
+    return pairs[first, 0].astype(np.uint64), pairs[first, 1].astype(np.uint64)
+
+
+def rescale(log: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The log with its tensors' requests (posix_memalign) resized by `size_map`'s mapping; sizes it does
+    not know stay."""
+    out = log.copy()
+    tensors = out[:, 0] == POSIX_MEMALIGN
+    sizes = out[tensors, 2]
+    if len(keys):
+        i = np.minimum(np.searchsorted(keys, sizes), len(keys) - 1)
+        known = keys[i] == sizes
+        sizes[known] = values[i[known]]
+        out[tensors, 2] = sizes
+    return out
+
+
+def replay(log_path: str | Path, mmap_threshold: int | None = None, timeout_s: float = 300.0) -> int:
+    """The peak resident set (bytes over the replayer's own before it starts) of a log's requests made
+    through this machine's glibc in order, every byte written; `mmap_threshold`: glibc's, fixed as the run
+    fixed it (None: glibc's dynamic default)."""
+    t = tools()
+    assert t is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    if mmap_threshold is not None:
+        env.update(MALLOC_MMAP_THRESHOLD_=str(mmap_threshold), MALLOC_TRIM_THRESHOLD_=str(2 * mmap_threshold))
+    proc = subprocess.run([str(t.replay), str(log_path)], capture_output=True, text=True, timeout=timeout_s, env=env,
+                          check=True)
+    return int(proc.stdout.strip())
+
+
+def predict(log_path: str | Path, measured: int, mmap_threshold: int | None, sizes_run: np.ndarray,
+            sizes_target: np.ndarray) -> int:
+    """The resident-set increase at the target batch (bytes) from one logged run: its log replayed at its
+    own batch (under the threshold it ran with) and rescaled to the target's (under glibc's default, as a
+    user runs it), plus what the run `measured` over its own replay."""
+    own = replay(log_path, mmap_threshold)
+    keys, values = size_map(sizes_run, sizes_target)
+    with tempfile.NamedTemporaryFile(suffix=".heaplog", dir=Path(log_path).parent, delete=False) as f:
+        scaled = f.name
+    try:
+        rescale(read_log(log_path), keys, values).tofile(scaled)
+        return replay(scaled) + measured - own
+    finally:
+        os.unlink(scaled)
