@@ -145,15 +145,16 @@ def _run(req: MeasureRequest) -> MeasureResult:
                              cuda_context_bytes=None if held is None else held - torch.cuda.memory_reserved(),
                              seconds=time.perf_counter() - t0)
     if req.mode == "rss":
-        from advisor.estimate import heaplog
-
+        heap = None
+        if os.environ.get("ADVISOR_HEAP_LOG"):  # heaplog.LOG_ENV, set by measure() for a logged run
+            from advisor.estimate import heaplog as heap
         mark_peak()
         base = current_rss()
-        logging = heaplog.start_logging()  # a fixed buffer: the log's records go to the file, not the resident set
+        logged = heap is not None and heap.start_logging()  # a fixed buffer: the records go to the file, not the resident set
         steps()
         peak = peak_rss()
-        if logging:
-            heaplog.stop_logging()
+        if logged:
+            heap.stop_logging()
         return MeasureResult(request=req, rss_delta_bytes=peak - base, baseline_rss_bytes=base,
                              seconds=time.perf_counter() - t0)
     from torch.profiler import ProfilerActivity, profile

@@ -262,7 +262,7 @@ def speed_child(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {
         "wall_s": time.perf_counter() - t0,  # includes importing advisor and torch
         "cpu_s": time.process_time() - c0,
-        "estimate_seconds": est.seconds,  # the estimator's own timer (after imports)
+        "estimate_seconds": est.seconds,  # the estimator's own timer: from the call, so with torch's lazy imports
         "method": est.method,
         "peak_rss_bytes": peak_rss(),  # VmHWM: ru_maxrss would include the bench's own memory
         "total_bytes": est.total_bytes,
@@ -822,7 +822,7 @@ def write_markdown(path: Path, results: dict[str, Any]) -> None:
                   _md_table(MB_COLUMNS, [mb_row(m) for m in results["max_batch"]]), ""]
     if results.get("speed"):
         parts += ["## Estimator speed (fresh process each)", "",
-                  "`estimate seconds` is MemoryEstimate.seconds (after imports), the median of 3 fresh processes (each run's in the JSON); process wall/CPU (of that run) include importing torch. "
+                  "`estimate seconds` is MemoryEstimate.seconds, the median of 3 fresh processes (each run's in the JSON): from the call, so it includes importing torch and torch._dynamo, which the estimator does on first use (~2.8 s of gpt2-small's 6.0 on session 38's AMD EPYC, family 25 model 1); process wall/CPU (of that run) add importing advisor. "
                   "The machine may be shared: compare CPU s with wall s.", "",
                   _md_table(SPEED_COLUMNS, [speed_row(s) for s in results["speed"]]), ""]
     _atomic_write(path, "\n".join(parts))
