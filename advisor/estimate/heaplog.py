@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -194,14 +193,10 @@ class Tools(NamedTuple):
     replay: Path  # the replayer
 
 
-@lru_cache(maxsize=1)
 def tools() -> Tools | None:
     """The logger and replayer, compiled on first use into the data dir (kept by their sources' hash), or
     None where they cannot be: not Linux with glibc, or no C compiler (`CC`, else cc or gcc)."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return None
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if cc is None:
         return None
     from advisor.settings import get_settings
 
@@ -210,6 +205,17 @@ def tools() -> Tools | None:
     out = Tools(shim=d / "heaplog.so", replay=d / "replay")
     if out.shim.exists() and out.replay.exists():
         return out
+    return out if _build(d) else None
+
+
+_FAILED: set[Path] = set()  # directories where building failed in this process: not tried again
+
+
+def _build(d: Path) -> bool:
+    """Compile both into `d`; False where that fails."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None or d in _FAILED:
+        return False
     try:
         d.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=d) as tmp:
@@ -221,8 +227,9 @@ def tools() -> Tools | None:
             for name in ("heaplog.so", "replay"):
                 os.replace(Path(tmp) / name, d / name)
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out
+        _FAILED.add(d)
+        return False
+    return True
 
 
 def run_env(log_path: str, env: dict[str, str] | None = None) -> dict[str, str]:

@@ -85,3 +85,19 @@ def test_a_batch_past_its_runs_leans_on_their_heap_replayed_there_as_on_one_run(
     lone = Calibration(intercept=calib.intercept, slope=calib.slope, rss=calib.rss, replayed=calib.replayed)
     assert lone.at_batch(16, 100 * MiB) == pytest.approx(100 * MiB + (calib.replayed[0][1] - 100 * MiB) / 2)
     assert lone.at_batch(12, 100 * MiB) == 100 * MiB  # replayed at 16 only
+
+
+def test_without_a_c_compiler_nothing_is_logged_and_the_calibration_goes_without(tmp_path, monkeypatch) -> None:
+    from advisor.estimate.calibrate import replays_heap
+    from advisor.settings import get_settings
+
+    monkeypatch.setenv("ADVISOR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc
+    get_settings.cache_clear()
+    try:
+        assert heaplog.tools() is None
+        assert not replays_heap(at_batch=0, target=None)
+    finally:
+        get_settings.cache_clear()
+    assert not (tmp_path / "heaplog").exists() or not any((tmp_path / "heaplog").rglob("replay"))
