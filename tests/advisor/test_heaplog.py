@@ -80,8 +80,10 @@ def test_a_batch_past_its_runs_leans_on_their_heap_replayed_there_as_on_one_run(
     assert m, note
     at, line, replayed = map(int, m.groups())
     assert abs(at - (line + replayed) / 2) <= 1.0, note
-    calib = next(c for c, _ in _CALIBRATIONS.values() if isinstance(c, Calibration) and c.replayed)
-    assert [b for b, _ in calib.replayed] == [16] and not calib.runs_at(16)
+    # this estimate's calibration: the one replayed at 16 to the figure its note gives (other tests' are kept too)
+    calib = next(c for c, _ in _CALIBRATIONS.values() if isinstance(c, Calibration) and len(c.replayed) == 1
+                 and c.replayed[0][0] == 16 and abs(c.replayed[0][1] / MiB - replayed) <= 0.5)
+    assert not calib.runs_at(16) and sorted({b for b, _, _ in calib.rss}) == [2, 4, 8]
     lone = Calibration(intercept=calib.intercept, slope=calib.slope, rss=calib.rss, replayed=calib.replayed)
     assert lone.at_batch(16, 100 * MiB) == pytest.approx(100 * MiB + (calib.replayed[0][1] - 100 * MiB) / 2)
     assert lone.at_batch(12, 100 * MiB) == 100 * MiB  # replayed at 16 only
