@@ -15,6 +15,13 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# A C and C++ compiler: torch.compile's CPU backend builds its kernels with g++ (Python's headers
+# come with this image), and the estimator compiles its heap logger and replayer with cc. Without
+# them, compiled trials fail (recorded as failures) and estimates say the heap was not replayed.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # torch first and pinned, as the Makefile does; the package accepts any 2.13.x, so `pip install .`
 # keeps this build rather than replacing it. Its own layer: rebuilding for a code change skips it.
 RUN pip install "torch==2.13.0" --index-url "${TORCH_INDEX}"

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.config import OptimizerKind, Precision
 from advisor.errors import TrialError
-from advisor.procmem import MMAP_THRESHOLD_MAX, current_rss, mark_peak, peak_rss
+from advisor.procmem import MMAP_THRESHOLD_MAX, current_rss, malloc_env, mark_peak, peak_rss
 
 
 class MeasureRequest(BaseModel):
@@ -167,10 +167,7 @@ def _run(req: MeasureRequest) -> MeasureResult:
 def measure(req: MeasureRequest, timeout_s: float = 600.0) -> MeasureResult:
     """Run `req` in a fresh Python process and return its measurement."""
     cmd = [sys.executable, "-m", "advisor.measure", req.model_dump_json()]
-    env = None
-    if req.mmap_threshold is not None:  # glibc reads these once, when malloc first runs in the new process
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(req.mmap_threshold),
-               "MALLOC_TRIM_THRESHOLD_": str(2 * req.mmap_threshold)}
+    env = malloc_env(req.mmap_threshold)
     if req.heap_log is not None and req.mode == "rss":
         from advisor.estimate import heaplog
 

@@ -19,6 +19,17 @@ import resource
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
 
 
+def malloc_env(mmap_threshold: int | None) -> dict[str, str]:
+    """This process's environment for a child whose glibc maps requests of `mmap_threshold` bytes and up
+    on their own (MALLOC_MMAP_THRESHOLD_) and trims its heap's top past twice that; glibc reads both once,
+    when malloc first runs in the new process. None: both left to glibc's dynamic default, whatever this
+    process was given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    if mmap_threshold is not None:
+        env.update(MALLOC_MMAP_THRESHOLD_=str(mmap_threshold), MALLOC_TRIM_THRESHOLD_=str(2 * mmap_threshold))
+    return env
+
+
 def current_rss() -> int:
     """Resident set now (bytes)."""
     try:

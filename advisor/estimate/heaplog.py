@@ -33,6 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from advisor.procmem import malloc_env
+
 # The environment variable that tells a measured run (advisor.measure, rss mode) where to log.
 LOG_ENV = "ADVISOR_HEAP_LOG"
 # One record: (operation, returned pointer, bytes, old pointer for realloc / alignment), 4 x uint64.
@@ -296,11 +298,8 @@ def replay(log_path: str | Path, mmap_threshold: int | None = None, timeout_s: f
     fixed it (None: glibc's dynamic default)."""
     t = tools()
     assert t is not None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    if mmap_threshold is not None:
-        env.update(MALLOC_MMAP_THRESHOLD_=str(mmap_threshold), MALLOC_TRIM_THRESHOLD_=str(2 * mmap_threshold))
-    proc = subprocess.run([str(t.replay), str(log_path)], capture_output=True, text=True, timeout=timeout_s, env=env,
-                          check=True)
+    proc = subprocess.run([str(t.replay), str(log_path)], capture_output=True, text=True, timeout=timeout_s,
+                          env=malloc_env(mmap_threshold), check=True)
     return int(proc.stdout.strip())
 
 

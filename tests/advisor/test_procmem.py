@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import platform
+import subprocess
+import sys
+
+import pytest
+
 from advisor.measure import MeasureRequest, measure
-from advisor.procmem import current_rss, mark_peak, peak_rss
+from advisor.procmem import MMAP_THRESHOLD_MAX, current_rss, malloc_env, mark_peak, peak_rss
 
 MB = 2**20
 
@@ -28,3 +34,34 @@ def test_mark_peak_resets_the_high_water_mark():
     assert mark_peak()
     assert peak_rss() < before - 200 * MB  # the freed spike no longer counts
     assert peak_rss() >= current_rss() - 8 * MB
+
+
+# A child that mallocs 2 MiB and prints how many chunks glibc mapped on their own for it (mallinfo2's hblks).
+_MAPPED_CHUNKS = """
+import ctypes
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+before = libc.mallinfo2().hblks
+p = libc.malloc(2 << 20)
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc tunables; this libc is another")
+def test_malloc_env_fixes_glibcs_mmap_threshold_in_the_child_and_none_leaves_its_default(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1024")  # a user's own setting: None must not pass it on
+
+    def mapped(threshold):
+        out = subprocess.run([sys.executable, "-c", _MAPPED_CHUNKS], env=malloc_env(threshold), check=True,
+                             capture_output=True, text=True).stdout
+        return int(out)
+
+    assert malloc_env(MMAP_THRESHOLD_MAX)["MALLOC_TRIM_THRESHOLD_"] == str(2 * MMAP_THRESHOLD_MAX)
+    assert mapped(MMAP_THRESHOLD_MAX) == 0  # 2 MiB under a fixed 32 MiB threshold: from the heap
+    assert mapped(1 << 20) == 1  # over a fixed 1 MiB threshold: mapped on its own
+    assert mapped(None) == 1  # glibc's default starts at 128 KiB
+    assert "MALLOC_MMAP_THRESHOLD_" not in malloc_env(None)

@@ -272,6 +272,18 @@ def test_dockerfile_pins_torch_first_and_serves_on_all_interfaces():
     assert argv[:2] == ["advisor", "serve"] and "--host 0.0.0.0" in " ".join(argv), argv
 
 
+def test_the_image_has_the_compilers_compiled_trials_and_the_heap_replay_need():
+    """torch.compile's CPU backend builds with g++ and the estimator's heap logger with cc: the slim base
+    image has neither, so a RUN installs them (without recommends, the apt lists removed in that layer)."""
+    runs = [rest for word, rest in dockerfile_instructions() if word == "RUN"]
+    apt = next((r for r in runs if "apt-get install" in r), None)
+    assert apt is not None, "no RUN installs a compiler"
+    packages = set(apt.split("apt-get install", 1)[1].split("&&")[0].split())
+    assert {"g++", "libc6-dev"} <= packages and "--no-install-recommends" in packages, apt
+    assert "rm -rf /var/lib/apt/lists/*" in apt, "the apt lists must go in the same layer"
+    assert runs.index(apt) < next(i for i, r in enumerate(runs) if re.search(r"pip install \.(\s|$)", r))
+
+
 def test_dockerignore_keeps_environments_out_and_the_build_inputs_in():
     patterns = [ln.strip().rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()
                 if ln.strip() and not ln.startswith("#")]
