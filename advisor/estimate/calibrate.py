@@ -232,8 +232,9 @@ def replays_heap(at_batch: int, target: int | None) -> bool:
 # A replay at a batch holds about what a run there holds: up to this many times its live tensor peak.
 # Measured (session 39, the replay's predictions in three bench runs of sessions 38-39, 40 cases): 1.12-1.23
 # times where the live peak is over 0.5 GiB (dlrm, vit-b16, pointnet, simclr, fp32 and bf16), up to 2.3 on
-# small models (mlp, resnet18: 130-340 MiB), where the process's own libraries, which the prediction counts
-# and a replayer does not hold, weigh most. The guard matters only for large batches: there 1.5 leaves room.
+# small models (mlp, resnet18, ftt, convnext: 130-410 MiB), where the process's own libraries, which the
+# prediction counts and a replayer does not hold, weigh most. The guard matters only for large batches:
+# there 1.5 leaves room.
 REPLAY_OVER_LIVE = 1.5
 
 
