@@ -36,7 +36,7 @@ def test_mark_peak_resets_the_high_water_mark():
     assert peak_rss() >= current_rss() - 8 * MB
 
 
-# A child that mallocs 2 MiB and prints how many chunks glibc mapped on their own for it (mallinfo2's hblks).
+# A child that mallocs 16 MiB and prints how many chunks glibc mapped on their own for it (mallinfo2's hblks).
 _MAPPED_CHUNKS = """
 import ctypes
 class Info(ctypes.Structure):
@@ -46,14 +46,15 @@ libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = Info
 libc.malloc.restype = ctypes.c_void_p
 before = libc.mallinfo2().hblks
-p = libc.malloc(2 << 20)
+p = libc.malloc(16 << 20)
 print(libc.mallinfo2().hblks - before)
 """
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc tunables; this libc is another")
 def test_malloc_env_fixes_glibcs_mmap_threshold_in_the_child_and_none_leaves_its_default(monkeypatch):
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1024")  # a user's own setting: None must not pass it on
+    # a user's own setting, under which 16 MiB would come from the heap: None must not pass it on
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD_MAX))
 
     def mapped(threshold):
         out = subprocess.run([sys.executable, "-c", _MAPPED_CHUNKS], env=malloc_env(threshold), check=True,
@@ -61,7 +62,7 @@ def test_malloc_env_fixes_glibcs_mmap_threshold_in_the_child_and_none_leaves_its
         return int(out)
 
     assert malloc_env(MMAP_THRESHOLD_MAX)["MALLOC_TRIM_THRESHOLD_"] == str(2 * MMAP_THRESHOLD_MAX)
-    assert mapped(MMAP_THRESHOLD_MAX) == 0  # 2 MiB under a fixed 32 MiB threshold: from the heap
+    assert mapped(MMAP_THRESHOLD_MAX) == 0  # 16 MiB under a fixed 32 MiB threshold: from the heap
     assert mapped(1 << 20) == 1  # over a fixed 1 MiB threshold: mapped on its own
-    assert mapped(None) == 1  # glibc's default starts at 128 KiB
+    assert mapped(None) == 1  # glibc's default starts at 128 KiB (the user's 32 MiB dropped)
     assert "MALLOC_MMAP_THRESHOLD_" not in malloc_env(None)
