@@ -30,20 +30,25 @@ MIN_BLOCK = 512
 RUNTIME_BYTES = 760 * MB
 
 
-# cuBLAS workspaces: torch gives each (thread, stream) a cuBLAS handle with a workspace taken from
-# the caching allocator and kept for the process's life, and a training step uses two threads (the
-# forward's and autograd's backward). Size per handle, torch's default (CublasHandlePool.cpp,
-# CUBLAS_WORKSPACE_CONFIG unset): 32 MiB on compute capability 9.0 and later, else 4096 KiB x 2 +
-# 16 KiB x 8. Measured on an H100 (bench/estimate_accuracy_cuda.py): max_memory_allocated exceeded
-# the traced peak by 61-68 MB for the transformers and the recommender, 2 x 32 MiB = 67 MB.
+# cuBLAS workspaces: torch gives each (thread, stream) that calls cuBLAS a handle with a workspace taken
+# from the caching allocator and kept for the process's life. A training step has two threads (the
+# forward's and optimizer's, and autograd's backward on its device thread); which of them call cuBLAS
+# the trace says (Trace.cublas_threads: matrix products; convolutions go to cuDNN). Size per handle,
+# torch's default (CublasHandlePool.cpp, CUBLAS_WORKSPACE_CONFIG unset): 32 MiB on compute capability
+# 9.0 and later, else 4096 KiB x 2 + 16 KiB x 8. Measured on an H100 (bench/estimate_accuracy_cuda.py):
+# max_memory_allocated exceeded the traced peak by 61-68 MB for the transformers and the recommender,
+# 2 x 32 MiB = 67 MB. The U-Net preset has no matrix product: with two workspaces counted, its estimate
+# was 1.1-7.4% over max_memory_allocated in all 8 cases; without them -0.1% to +0.3% (the same runs,
+# recomputed: bench/results/accuracy-cuda.json).
 CUBLAS_HANDLES = 2
 HOPPER_OR_LATER = frozenset({"h100-sxm", "h100-pcie", "h200", "b200"})
 
 
-def cublas_workspace_bytes(accelerator: str) -> int:
-    """Bytes of cuBLAS workspace a training step leaves allocated on a device of this catalog key."""
+def cublas_workspace_bytes(accelerator: str, handles: int = CUBLAS_HANDLES) -> int:
+    """Bytes of cuBLAS workspace a training step leaves allocated on a device of this catalog key, when
+    `handles` of its threads call cuBLAS."""
     per_handle = 32 * MB if accelerator in HOPPER_OR_LATER else 4096 * KB * 2 + 16 * KB * 8
-    return CUBLAS_HANDLES * per_handle
+    return handles * per_handle
 
 
 def _round(n: int) -> int:

@@ -41,7 +41,7 @@ class Evaluator:
             ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, over,
                               floor=touched_peak(curve, tr.untouched) + hidden, batch=b, runs=runs)
         else:
-            workspace = cublas_workspace_bytes(self.hw.accelerator.name)
+            workspace = cublas_workspace_bytes(self.hw.accelerator.name, tr.cublas_threads)
             ov = cuda_overhead(tr, allocated, workspace)
             allocated += workspace
             parts["temporaries"] += workspace

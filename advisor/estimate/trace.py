@@ -51,6 +51,9 @@ class Trace:
     sized_kernels: int = 0  # kernel workspaces/scratch sized by running the op for real on this machine
     sized_on: str = "cpu"  # where they were sized: "cpu" (oneDNN) or "cuda" (cuDNN, on this machine's GPU)
     probed_copies: int = 0  # op shapes with a strided input run for real, for a contiguous copy inside their kernel
+    # threads whose ops call cuBLAS (`_cublas_ops`): the step's own (forward, optimizer) and autograd's backward,
+    # which on CUDA runs on a device thread of its own; each gets a cuBLAS handle with a workspace (cuda_alloc)
+    cublas_threads: int = 2
     # (events,) int64, signed as `sizes`: the bytes of each allocation its kernel never writes (pages
     # that stay out of the resident set, e.g. the unused part of oneDNN's RNN workspace); None: all
     untouched: np.ndarray | None = None
@@ -80,6 +83,7 @@ class _Tracker:
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.rnn_sizes: dict[str, tuple[int, int, int]] = {}  # ... -> cuDNN's LSTM (see `_cudnn_rnn_sizes`)
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
+        self.cublas_threads: set[str] = set()  # "main" and/or "backward": which threads' ops call cuBLAS
         self.finalizers: dict[int, weakref.finalize] = {}  # storage pointer -> its death notice
         # True between an autograd node's apply and the next node's: the engine is adding the node's
         # outputs into the input buffers of the nodes they feed (see `accumulates_in_place`)
@@ -162,6 +166,8 @@ def _dispatch_mode(tracker: _Tracker):
     from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import flop_registry
 
+    cublas_ops = _cublas_ops()
+
     class TrackingMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -190,6 +196,8 @@ def _dispatch_mode(tracker: _Tracker):
             else:
                 for t in tree_flatten(out)[0]:
                     tracker.track(t, category)
+            if func.overloadpacket in cublas_ops:
+                tracker.cublas_threads.add("backward" if tracker.phase == "backward" else "main")
             if tracker.count_flops and func.overloadpacket in flop_registry:
                 tracker.flops += int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
             return out
@@ -444,6 +452,18 @@ def _may_copy_strided(func: Any, args: tuple, kwargs: dict) -> bool:
     if func.overloadpacket in products:
         strided = [a for a in strided if 1 not in a.stride()[-2:]]
     return bool(strided)
+
+
+@functools.lru_cache(maxsize=1)
+def _cublas_ops() -> frozenset:
+    """aten ops whose CUDA kernels are cuBLAS calls (matrix products; `linear` and `matmul` reach dispatch as
+    these), so the thread that runs one takes a cuBLAS handle and its workspace. Convolutions (cuDNN), attention
+    kernels (flash, memory-efficient) and cuDNN's RNN do not."""
+    import torch
+
+    aten = torch.ops.aten
+    return frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.mv, aten.addmv, aten.dot,
+                      aten.vdot, aten._addmm_activation, aten._scaled_mm, aten._int_mm})
 
 
 @functools.lru_cache(maxsize=1)
@@ -702,7 +722,7 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
                  sized_kernels=len(tracker.workspace_bytes) - copies, probed_copies=copies,
-                 sized_on="cuda" if tracker.cuda_workspaces else "cpu")
+                 sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=len(tracker.cublas_threads))
 
 
 def save_trace(trace: Trace, path: str) -> None:

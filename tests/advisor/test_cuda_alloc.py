@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from advisor.config import OptimizerKind, Precision
 from advisor.estimate.cuda_alloc import MB, cublas_workspace_bytes, simulate_cuda
 
 
@@ -61,3 +62,22 @@ def test_a_cuda_target_traces_the_foreach_optimizer_and_counts_the_workspaces():
     assert default.allocated_bytes - cpu_like.allocated_bytes > 4 * MB
     assert default.breakdown.temporaries >= cublas_workspace_bytes("h100-sxm")
     assert default.allocated_bytes >= cublas_workspace_bytes("h100-sxm") + default.breakdown.parameters
+
+
+def test_only_threads_that_multiply_matrices_hold_a_cublas_workspace():
+    from advisor.estimate import estimate_memory
+    from advisor.estimate.trace import trace_training
+    from advisor.workload import load_workload
+
+    def threads(name: str) -> int:
+        return trace_training(load_workload(name), 2, precision=Precision.fp32, optimizer=OptimizerKind.adamw,
+                              count_flops=False).cublas_threads
+
+    # convolutions only (cuDNN's): no thread takes a cuBLAS handle; a Linear layer: the forward's thread
+    # and autograd's backward thread both do
+    assert threads("tiny-unet") == 0
+    assert threads("tiny-mlp") == 2
+    unet = estimate_memory("tiny-unet", "h100-sxm", 2, measured=False)
+    mlp = estimate_memory("tiny-mlp", "h100-sxm", 2, measured=False)
+    assert unet.breakdown.temporaries < cublas_workspace_bytes("h100-sxm", 1)
+    assert mlp.breakdown.temporaries >= cublas_workspace_bytes("h100-sxm")
