@@ -128,4 +128,4 @@ class BatchModel:
         ra, rc = self._candidates(ta), self._candidates(tc)
         rows = np.maximum(np.rint(ra + f * (rc - ra)), 0).astype(np.int64)
         return replace(ta, curve=rows, sizes=rows.sum(axis=1), ids=np.arange(len(rows), dtype=np.int64),
-                       synthetic=True, untouched=None)
+                       synthetic=True, untouched=None, cublas_at=())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from advisor.config import Strategy
 from advisor.estimate.batchmodel import BatchModel
-from advisor.estimate.cuda_alloc import cublas_workspace_bytes
+from advisor.estimate.cuda_alloc import library_workspaces
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
 from advisor.estimate.refine import Refinement
@@ -41,8 +41,9 @@ class Evaluator:
             ov = cpu_overhead(allocated, persistent, heap + hidden, self.calib, over,
                               floor=touched_peak(curve, tr.untouched) + hidden, batch=b, runs=runs)
         else:
-            workspace = cublas_workspace_bytes(self.hw.accelerator.name, tr.cublas_threads)
-            ov = cuda_overhead(tr, allocated, workspace)
+            workspaces = library_workspaces(self.hw.accelerator.name, tr.cublas_at, tr.cublas_threads)
+            ov = cuda_overhead(tr, allocated, workspaces)
+            workspace = sum(n for _, n in workspaces)
             allocated += workspace
             parts["temporaries"] += workspace
         return tr, allocated, parts, ov

@@ -54,6 +54,9 @@ class Trace:
     # threads whose ops call cuBLAS (`_cublas_ops`): the step's own (forward, optimizer) and autograd's backward,
     # which on CUDA runs on a device thread of its own; each gets a cuBLAS handle with a workspace (cuda_alloc)
     cublas_threads: int = 2
+    # where each thread first runs a cuBLAS op, and a cuBLASLt one: ((event index, "cublas" or "cublaslt"), ...);
+    # its workspace is taken from the caching allocator right after that op's outputs (cuda_alloc.library_workspaces)
+    cublas_at: tuple[tuple[int, str], ...] = ()
     # (events,) int64, signed as `sizes`: the bytes of each allocation its kernel never writes (pages
     # that stay out of the resident set, e.g. the unused part of oneDNN's RNN workspace); None: all
     untouched: np.ndarray | None = None
@@ -84,6 +87,7 @@ class _Tracker:
         self.rnn_sizes: dict[str, tuple[int, int, int]] = {}  # ... -> cuDNN's LSTM (see `_cudnn_rnn_sizes`)
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
         self.cublas_threads: set[str] = set()  # "main" and/or "backward": which threads' ops call cuBLAS
+        self.cublas_at: dict[tuple[str, str], int] = {}  # (thread, "cublas"/"cublaslt") -> event index of its first op
         self.finalizers: dict[int, weakref.finalize] = {}  # storage pointer -> its death notice
         # True between an autograd node's apply and the next node's: the engine is adding the node's
         # outputs into the input buffers of the nodes they feed (see `accumulates_in_place`)
@@ -197,7 +201,10 @@ def _dispatch_mode(tracker: _Tracker):
                 for t in tree_flatten(out)[0]:
                     tracker.track(t, category)
             if func.overloadpacket in cublas_ops:
-                tracker.cublas_threads.add("backward" if tracker.phase == "backward" else "main")
+                thread = "backward" if tracker.phase == "backward" else "main"
+                tracker.cublas_threads.add(thread)
+                for kind in ("cublas", "cublaslt") if _runs_on_cublaslt(func, args, kwargs) else ("cublas",):
+                    tracker.cublas_at.setdefault((thread, kind), len(tracker.events))
             if tracker.count_flops and func.overloadpacket in flop_registry:
                 tracker.flops += int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
             return out
@@ -466,6 +473,19 @@ def _cublas_ops() -> frozenset:
                       aten.vdot, aten._addmm_activation, aten._scaled_mm, aten._int_mm})
 
 
+def _runs_on_cublaslt(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether torch's CUDA kernel for this matrix product goes through cuBLASLt (which takes a workspace of
+    its own): addmm and _addmm_activation adding a bias vector with beta 1 (`linear` with a bias), and the
+    scaled (fp8) products."""
+    import torch
+
+    aten = torch.ops.aten
+    if func.overloadpacket is aten._scaled_mm:
+        return True
+    return (func in (aten.addmm.default, aten._addmm_activation.default) and isinstance(args[0], torch.Tensor)
+            and args[0].dim() == 1 and kwargs.get("beta", 1) == 1)
+
+
 @functools.lru_cache(maxsize=1)
 def _scratch_ops() -> frozenset:
     """CPU kernels that allocate scratch inside themselves through torch's allocator (oneDNN's)."""
@@ -722,7 +742,8 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
                  sized_kernels=len(tracker.workspace_bytes) - copies, probed_copies=copies,
-                 sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=len(tracker.cublas_threads))
+                 sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=len(tracker.cublas_threads),
+                 cublas_at=tuple(sorted((i, kind) for (_, kind), i in tracker.cublas_at.items())))
 
 
 def save_trace(trace: Trace, path: str) -> None:
