@@ -45,7 +45,8 @@ NATIVE = ("at::native::", "at::cuda::", "cublas", "cudnn", "torch::autograd::")
 def _label(frames: list[dict[str, Any]]) -> str:
     for f in frames:
         if any(part in f["filename"] for part in OURS):
-            return f"{f['filename'].split('site-packages/')[-1]}:{f['line']} {f['name']}"
+            where = f["filename"].split("site-packages/")[-1].removeprefix(f"{ROOT}/")
+            return f"{where}:{f['line']} {f['name']}"
     for f in frames:
         if any(part in f["name"] for part in NATIVE):
             return f["name"][:160]
