@@ -176,6 +176,8 @@ def _dispatch_mode(tracker: _Tracker):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
+            if type(out) is tuple:
+                out = _aliased_as_the_kernel(func, out)
             if func is torch.ops.aten.mkldnn_rnn_layer.default:
                 out = _rnn_workspace(tracker, args, out)
             elif tracker.cuda_workspaces and func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
@@ -301,6 +303,30 @@ def _rnn_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
     # recorded first whether sized or not, so two traces' allocations come in the same order (batchmodel.py)
     tracker.track(workspace, untouched=untouched)
     return out
+
+
+# op -> for each of its outputs, the index of the first output sharing its storage: ops whose kernel returns one
+# tensor in two places (mkldnn_rnn_layer_backward's two bias gradients), seen where FakeTensorMode ran the kernel
+_OUTPUT_ALIASES: dict[Any, tuple[int, ...]] = {}
+
+
+def _aliased_as_the_kernel(func: Any, out: tuple) -> tuple:
+    """`out` with the outputs the kernel returns as one tensor made one tensor again. FakeTensorMode's dispatch
+    cache rebuilds a cached op's outputs as separate tensors; the kernel (run on a cache miss) returns one tensor
+    twice, and autograd then clones it for one of the two gradients it feeds. Whether an op's shapes had run
+    before in the process (tiny-lstm traced after others: one allocation came later at batch 4 than at 2,
+    and batchmodel.py could not match the two traces) would otherwise change the trace."""
+    import torch
+
+    keys = [t.untyped_storage()._cdata if isinstance(t, torch.Tensor) and t.numel() else None for t in out]
+    first = tuple(keys.index(k) if k is not None else i for i, k in enumerate(keys))
+    if first != tuple(range(len(out))):
+        _OUTPUT_ALIASES[func] = first
+        return out
+    seen = _OUTPUT_ALIASES.get(func)
+    if seen is None or len(seen) != len(out):
+        return out
+    return tuple(out[j] for j in seen)
 
 
 # cuDNN's and ideep's enum for an LSTM (cudnnRNNMode_t CUDNN_LSTM; ideep::rnn_kind::LSTM), the one RNN
