@@ -21,6 +21,7 @@ import numpy as np
 
 from advisor.config import OptimizerKind, Precision
 from advisor.errors import EstimateError
+from advisor.estimate.autocast_cuda import cuda_policy
 from advisor.workload import Workload
 
 # Category indices of the live-bytes curve.
@@ -681,7 +682,7 @@ def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
 def trace_training(workload: Workload, batch_size: int, *, precision: Precision, optimizer: OptimizerKind,
                    checkpointing: bool = False, fused_backward: bool = False, optimizer_impl: str | None = None,
                    fake: bool = True, count_flops: bool = True, cpu_workspaces: bool = False,
-                   cuda_workspaces: bool = False) -> Trace:
+                   cuda_workspaces: bool = False, autocast_device: str = "cpu") -> Trace:
     """Build `workload` and run two full training steps, recording memory.
 
     fake=True (the estimator): on fake tensors, nothing allocated. fake=False: on real CPU
@@ -690,7 +691,8 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     is the target, fake tensors): the workspaces and scratch of oneDNN's kernels, which fake ops
     leave out, are sized by running each such op once on real zeros (`_with_real_workspace`,
     `_real_scratch`). cuda_workspaces (this machine's GPU is the target, fake tensors): cuDNN's
-    convolution workspaces, sized the same way on the GPU (`_cuda_scratch`).
+    convolution workspaces, sized the same way on the GPU (`_cuda_scratch`). autocast_device "cuda" (a
+    CUDA target): autocast's regions follow CUDA's op rules, not the CPU's (`autocast_cuda.cuda_policy`).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -707,7 +709,9 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
         # the cuDNN LSTM probe hands _cudnn_rnn unflattened weights (`_cudnn_rnn_sizes`): torch warns,
         # at the LSTM's own call, of a copy that a user's flattened module never makes
         quiet = warnings.catch_warnings() if tracker.cuda_workspaces else contextlib.nullcontext()
-        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), quiet:
+        policy = cuda_policy() if autocast_device == "cuda" and precision.autocast_dtype is not None \
+            else contextlib.nullcontext()
+        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), quiet, policy:
             if tracker.cuda_workspaces:
                 warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
             torch.manual_seed(0)
