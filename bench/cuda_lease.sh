@@ -69,6 +69,10 @@ if [ -n "${PEAK_CASES:-}" ]; then
         --events "$OUT/events" --out "$OUT/peaks.jsonl" "${peak_args[@]}" > "$OUT/peaks.log" 2>&1 &
 fi
 wait
+# a run hands back a limited number of files: the events travel as one archive
+if [ -d "$OUT/events" ]; then
+    tar czf "$OUT/events.tgz" -C "$OUT" events && rm -rf "$OUT/events"
+fi
 echo "benches done in $((SECONDS - START)) s" >> "$log"
 START=$SECONDS
 # shellcheck disable=SC2086
