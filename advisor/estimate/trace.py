@@ -87,8 +87,8 @@ class _Tracker:
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.rnn_sizes: dict[str, tuple[int, int, int]] = {}  # ... -> cuDNN's LSTM (see `_cudnn_rnn_sizes`)
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
-        self.cublas_threads: set[str] = set()  # "main" and/or "backward": which threads' ops call cuBLAS
-        self.cublas_at: dict[tuple[str, str], int] = {}  # (thread, "cublas"/"cublaslt") -> event index of its first op
+        # (thread: "main" or "backward", "cublas"/"cublaslt") -> event index of that thread's first such op
+        self.cublas_at: dict[tuple[str, str], int] = {}
         self.finalizers: dict[int, weakref.finalize] = {}  # storage pointer -> its death notice
         # True between an autograd node's apply and the next node's: the engine is adding the node's
         # outputs into the input buffers of the nodes they feed (see `accumulates_in_place`)
@@ -205,7 +205,6 @@ def _dispatch_mode(tracker: _Tracker):
                     tracker.track(t, category)
             if func.overloadpacket in cublas_ops:
                 thread = "backward" if tracker.phase == "backward" else "main"
-                tracker.cublas_threads.add(thread)
                 for kind in ("cublas", "cublaslt") if _runs_on_cublaslt(func, args, kwargs) else ("cublas",):
                     tracker.cublas_at.setdefault((thread, kind), len(tracker.events))
             if tracker.count_flops and func.overloadpacket in flop_registry:
@@ -772,7 +771,7 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
                  sized_kernels=len(tracker.workspace_bytes) - copies, probed_copies=copies,
-                 sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=len(tracker.cublas_threads),
+                 sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=sum(kind == "cublas" for _, kind in tracker.cublas_at),
                  cublas_at=tuple(sorted((i, kind) for (_, kind), i in tracker.cublas_at.items())))
 
 
