@@ -239,8 +239,8 @@ REPLAY_OVER_LIVE = 1.5
 
 
 def replay_at_batch(bm: BatchModel, batch: int, results: list[MeasureResult]) -> tuple[tuple[int, int], ...]:
-    """((batch, resident-set increase in bytes),) from the logged runs among `results` (heaplog.predict, each
-    run's tensor sizes mapped to the batch's by the batch model; the median where several), or () where none
+    """((batch, resident-set increase in bytes),) from the logged runs among `results` (heaplog.replay_at, each
+    run's tensor sizes mapped to the batch's by the batch model; their draws pooled, heaplog.pooled), or () where none
     could say: no log, or a trace whose kernels leave pages unwritten (oneDNN's RNN workspace: the replay
     writes every byte it asks for), or one of formulas; or should not: a batch whose live peak, REPLAY_OVER_LIVE
     times over, takes more than HOST_SHARE of this host's memory (two replays run at once, as runs do)."""
@@ -252,18 +252,18 @@ def replay_at_batch(bm: BatchModel, batch: int, results: list[MeasureResult]) ->
     if REPLAY_OVER_LIVE * at.peak_bytes > HOST_SHARE * host_memory_bytes():  # a replay holds what the batch holds
         return ()
 
-    def predict(r: MeasureResult) -> int | None:
+    def draws(r: MeasureResult) -> heaplog.Replayed | None:
         log, run = r.request.heap_log, bm.at(r.request.batch_size)
         if not log or not os.path.exists(log) or not os.path.getsize(log) or len(run.sizes) != len(at.sizes):
             return None
         try:
-            return heaplog.predict(log, int(r.rss_delta_bytes or 0), r.request.mmap_threshold, run.sizes, at.sizes)
+            return heaplog.replay_at(log, int(r.rss_delta_bytes or 0), r.request.mmap_threshold, run.sizes, at.sizes)
         except (OSError, ValueError, subprocess.SubprocessError):
             return None
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        predictions = [p for p in pool.map(predict, results) if p is not None]
-    return ((batch, int(np.median(predictions))),) if predictions else ()
+        replayed = [p for p in pool.map(draws, results) if p is not None]
+    return ((batch, heaplog.pooled(replayed)),) if replayed else ()
 
 
 def _rss_point(r: MeasureResult) -> Run:

@@ -182,6 +182,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
 def _note_runs_at_batch(ev: Evaluator, batch: int, notes: list[str]) -> None:
     """Say where real runs at the batch itself, or the runs' heap replayed there, moved the resident set off
     the fit's line (CPU)."""
+    from advisor.estimate import heaplog
     from advisor.estimate.calibrate import Calibration
 
     if not isinstance(ev.calib, Calibration):
@@ -197,8 +198,8 @@ def _note_runs_at_batch(ev: Evaluator, batch: int, notes: list[str]) -> None:
 
     what = [f"{len(runs)} real run(s) at the batch itself ({mib(runs)} MiB)"] if runs else []
     what += [f"the calibration runs' own allocations (every malloc and free, logged), their tensors resized to batch "
-             f"{batch} as the trace resizes them and replayed through this machine's glibc ({mib(replays)} MiB, "
-             "weighed as one run)"] if replays else []
+             f"{batch} as the trace resizes them and replayed through this machine's glibc, {heaplog.DRAWS} times each "
+             f"with a few KiB held first ({mib(replays)} MiB, the draws' median, weighed as one run)"] if replays else []
     notes.append(f"resident set at batch {batch}: {at / 2**20:.0f} MiB, the fit's {line / 2**20:.0f} MiB drawn "
                  f"{n}/{n + 1} of the way to the mean of {' and '.join(what)}")
 

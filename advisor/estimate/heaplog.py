@@ -13,9 +13,12 @@ compiled here on first use with the system's C compiler). The tensors' requests 
 calls posix_memalign) are rescaled from the run's batch to the one asked about, each size mapped as
 the estimator's trace maps it between the two batches; everything else stays as logged. A small
 replayer makes the same requests in the same order through this machine's glibc, writing every byte,
-and reports its peak resident set. The prediction at the batch is the rescaled replay plus what the
-run measured over its own replay (the process's other pages). Where no C compiler or no glibc is
-found, nothing is logged and the estimate says so.
+and reports its peak resident set. That peak is one draw: glibc's heap is chaotic in its history, and
+the same requests with a few KiB held first can peak 20% apart, as a run's fresh processes do. So each
+log is replayed several times, each with its own few bytes held first (DRAWS). The prediction at the
+batch is the median of the rescaled logs' draws plus what the runs measured over their own logs' draws
+(the process's other pages). Where no C compiler or no glibc is found, nothing is logged and the
+estimate says so.
 """
 
 from __future__ import annotations
@@ -161,6 +164,9 @@ static void *take(uint64_t k) {
 }
 int main(int argc, char **argv) {
   if (argc < 2) return 2;
+  /* argv[2], a draw's seed: where not 0, the heap starts with 16 B to 128 KiB held, so every chunk after
+     lies that far along (its page boundaries and its alignment's padding move) */
+  uint64_t seed = argc > 2 ? strtoull(argv[2], 0, 10) : 0, x = seed * 0x9e3779b97f4a7c15ULL + 1;
   FILE *f = fopen(argv[1], "rb"); if (!f) return 2;
   fseek(f, 0, SEEK_END); long n = ftell(f) / (long)sizeof(rec_t); fseek(f, 0, SEEK_SET);
   rec_t *r = malloc((n + 1) * sizeof(rec_t));
@@ -172,6 +178,11 @@ int main(int argc, char **argv) {
   memset(hk, 0, cap * sizeof *hk); memset(hv, 0, cap * sizeof *hv);
   long base = status("VmRSS:");
   FILE *c = fopen("/proc/self/clear_refs", "w"); if (c) { fputs("5", c); fclose(c); }
+  if (seed) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    size_t z = 16 * (1 + x % 8192); void *q = malloc(z); if (q) memset(q, 1, z);
+    fprintf(stderr, "held %zu\n", z);
+  }
   for (long i = 0; i < n; i++) {
     rec_t e = r[i]; void *p = 0;
     if (e.op == 3) { void *q = take(e.ptr); if (q) free(q); continue; }
@@ -292,28 +303,55 @@ def rescale(log: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray
     return out
 
 
-def replay(log_path: str | Path, mmap_threshold: int | None = None, timeout_s: float = 300.0) -> int:
+# Draws of the heap per log (seeds 0 to DRAWS - 1). glibc's heap is chaotic in its history: the same log
+# replayed with 16 B to 128 KiB held first (a seed) peaks up to 25% apart (the unseen audio net at 32: 528 to
+# 663 MiB over nine seeds), as fresh processes of one run do with their own small differences (hash seeds, the
+# environment's size). One replay is one draw; the median of several is the middle a user's run draws from.
+# Session 42, four calibrations' logs each replayed under ten seeds (bench/heap_draws.py): the prediction's
+# spread over which seeds were drawn, 3-4% with one draw per log, 2-3% with three pooled across the logs.
+DRAWS = 3
+
+
+def replay(log_path: str | Path, mmap_threshold: int | None = None, timeout_s: float = 300.0, seed: int = 0) -> int:
     """The peak resident set (bytes over the replayer's own before it starts) of a log's requests made
     through this machine's glibc in order, every byte written; `mmap_threshold`: glibc's, fixed as the run
-    fixed it (None: glibc's dynamic default)."""
+    fixed it (None: glibc's dynamic default); `seed`: a draw (DRAWS), 0 for the heap as the replayer finds it."""
     t = tools()
     assert t is not None
-    proc = subprocess.run([str(t.replay), str(log_path)], capture_output=True, text=True, timeout=timeout_s,
-                          env=malloc_env(mmap_threshold), check=True)
+    proc = subprocess.run([str(t.replay), str(log_path), str(seed)], capture_output=True, text=True,
+                          timeout=timeout_s, env=malloc_env(mmap_threshold), check=True)
     return int(proc.stdout.strip())
 
 
-def predict(log_path: str | Path, measured: int, mmap_threshold: int | None, sizes_run: np.ndarray,
-            sizes_target: np.ndarray) -> int:
-    """The resident-set increase at the target batch (bytes) from one logged run: its log replayed at its
-    own batch (under the threshold it ran with) and rescaled to the target's (under glibc's default, as a
-    user runs it), plus what the run `measured` over its own replay."""
-    own = replay(log_path, mmap_threshold)
+class Replayed(NamedTuple):
+    """One logged run's heap, replayed at its own batch and at the target's."""
+
+    excess: int  # what the run measured over the median of its own log's draws (bytes): the process's other pages
+    at_target: tuple[int, ...]  # the draws of its log rescaled to the target batch (bytes)
+
+
+def replay_at(log_path: str | Path, measured: int, mmap_threshold: int | None, sizes_run: np.ndarray,
+              sizes_target: np.ndarray, draws: int = DRAWS) -> Replayed:
+    """One logged run's draws: its log replayed at its own batch (under the threshold it ran with) and rescaled
+    to the target's (under glibc's default, as a user runs it), `draws` seeds each."""
+    own = float(np.median([replay(log_path, mmap_threshold, seed=s) for s in range(draws)]))
     keys, values = size_map(sizes_run, sizes_target)
     with tempfile.NamedTemporaryFile(suffix=".heaplog", dir=Path(log_path).parent, delete=False) as f:
         scaled = f.name
     try:
         rescale(read_log(log_path), keys, values).tofile(scaled)
-        return replay(scaled) + measured - own
+        return Replayed(int(measured - own), tuple(replay(scaled, seed=s) for s in range(draws)))
     finally:
         os.unlink(scaled)
+
+
+def pooled(runs: list[Replayed]) -> int:
+    """The resident-set increase at the target batch (bytes) from logged runs' draws: the median of every draw
+    at the target, plus the runs' mean excess."""
+    return int(np.median([d for r in runs for d in r.at_target]) + np.mean([r.excess for r in runs]))
+
+
+def predict(log_path: str | Path, measured: int, mmap_threshold: int | None, sizes_run: np.ndarray,
+            sizes_target: np.ndarray, draws: int = DRAWS) -> int:
+    """The resident-set increase at the target batch (bytes) from one logged run (`replay_at`, `pooled`)."""
+    return pooled([replay_at(log_path, measured, mmap_threshold, sizes_run, sizes_target, draws)])

@@ -34,6 +34,34 @@ def test_tensor_requests_are_resized_as_the_trace_resizes_them_and_nothing_else_
     assert (out[:, [0, 1, 3]] == log[:, [0, 1, 3]]).all()
 
 
+
+@needs_tools
+def test_a_draw_starts_the_heap_with_its_seed_bytes_held_and_seed_zero_with_none(tmp_path) -> None:
+    """The replayer under a seed holds 16 B to 128 KiB before the log's first request (it says how many on
+    stderr: the resident set's counters are too coarse to tell 128 KiB apart), the same bytes each time that
+    seed is drawn, other bytes for other seeds; seed 0 holds none, and replays a log as logged."""
+    import subprocess
+
+    log = tmp_path / "one.heaplog"
+    np.array([[heaplog.POSIX_MEMALIGN, 0x1000, 8 * MiB, 64], [heaplog.FREE, 0x1000, 0, 0]], dtype=np.uint64).tofile(log)
+
+    def held(seed: int) -> int:
+        p = subprocess.run([str(heaplog.tools().replay), str(log), str(seed)], capture_output=True, text=True, check=True)
+        m = re.fullmatch(r"held (\d+)\n", p.stderr)
+        return int(m.group(1)) if m else 0
+
+    assert held(0) == 0 and heaplog.replay(log) >= 7.5 * MiB  # the 8 MiB, written
+    drawn = {s: held(s) for s in range(1, 9)}
+    assert all(16 <= z <= 128 * 1024 and z % 16 == 0 for z in drawn.values()) and len(set(drawn.values())) >= 6
+    assert held(3) == drawn[3]
+    assert heaplog.replay(log, seed=3) >= 7.5 * MiB
+
+
+def test_the_draws_are_pooled_as_their_median_plus_the_runs_mean_excess() -> None:
+    runs = [heaplog.Replayed(excess=10, at_target=(100, 300, 200)), heaplog.Replayed(excess=30, at_target=(150, 400, 250))]
+    assert heaplog.pooled(runs) == 225 + 20
+    assert heaplog.pooled(runs[:1]) == 200 + 10
+
 @needs_tools
 def test_a_logged_run_rescaled_to_a_larger_batch_and_replayed_predicts_a_run_there(tmp_path) -> None:
     """tiny-gpt2 logged at batch 8, replayed as logged and rescaled to 32 (the trace's sizes at 8 and 32):
@@ -58,7 +86,11 @@ def test_a_logged_run_rescaled_to_a_larger_batch_and_replayed_predicts_a_run_the
     bm = _batch_model(load_workload("tiny-gpt2", {}), req, cpu=True)
     own = heaplog.replay(log)
     assert 0.95 * bm.at(8).peak_bytes < own < logged, (own / MiB, bm.at(8).peak_bytes / MiB, logged / MiB)
-    at_32 = heaplog.predict(log, logged, None, bm.at(8).sizes, bm.at(32).sizes)
+    drawn = heaplog.replay_at(log, logged, None, bm.at(8).sizes, bm.at(32).sizes)
+    assert len(drawn.at_target) == heaplog.DRAWS and 0 < drawn.excess < logged
+    at_32 = heaplog.pooled([drawn])
+    # the same seeds drawn again: the same heaps, up to the kernel's resident-set counters (tens of KiB)
+    assert at_32 == pytest.approx(heaplog.predict(log, logged, None, bm.at(8).sizes, bm.at(32).sizes), rel=0.01)
     real = statistics.median(measure(MeasureRequest(workload="tiny-gpt2", batch_size=32)).rss_delta_bytes
                              for _ in range(3))
     assert at_32 > logged + 0.5 * (bm.at(32).peak_bytes - bm.at(8).peak_bytes)  # the batch's bytes are in it
@@ -75,7 +107,7 @@ def test_a_batch_past_its_runs_leans_on_their_heap_replayed_there_as_on_one_run(
 
     est = estimate_memory("tiny-gpt2", "cpu", 16, calibrate=True, measured=False)
     note = next(n for n in est.notes if n.startswith("resident set at batch 16"))
-    m = re.search(r"batch 16: (\d+) MiB, the fit's (\d+) MiB drawn 1/2 of the way .* glibc \((\d+) MiB, weighed as one run\)",
+    m = re.search(r"batch 16: (\d+) MiB, the fit's (\d+) MiB drawn 1/2 of the way .* glibc, \d times each .*\((\d+) MiB, the draws' median, weighed as one run\)",
                   note)
     assert m, note
     at, line, replayed = map(int, m.groups())
