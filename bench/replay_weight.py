@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 MIB = 2**20
-_NOTE = re.compile(r"resident set at batch \d+: (\d+) MiB, the fit's (\d+) MiB.*glibc \((\d+) MiB")
+_NOTE = re.compile(r"resident set at batch \d+: (\d+) MiB, the fit's (\d+) MiB.*glibc[^(]*\((\d+) MiB")
 WEIGHTS = (0.0, 1.0, 2.0, 3.0, 5.0, float("inf"))
 
 
