@@ -63,7 +63,7 @@ def _tracer(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "c
     """trace(b, flops=True): the request's training step traced at batch b."""
     kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
               fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu,
-              cuda_workspaces=cuda, autocast_device=device_type)
+              cuda_workspaces=cuda, device=device_type)
 
     def retrace(b: int, flops: bool = True) -> Trace:
         return trace_training(wl, b, count_flops=flops, **kw)

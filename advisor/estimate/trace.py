@@ -93,6 +93,9 @@ class _Tracker:
         # True between an autograd node's apply and the next node's: the engine is adding the node's
         # outputs into the input buffers of the nodes they feed (see `accumulates_in_place`)
         self.accumulating = False
+        # True while the CPU side of a CUDA target's run works (the build, the batch's making): nothing of it is
+        # on the device (`_moved_to_device`)
+        self.paused = False
 
     def set_phase(self, name: str) -> None:
         self.phase = name
@@ -103,7 +106,7 @@ class _Tracker:
         it that its kernel never writes."""
         import torch
 
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) or self.paused:
             return
         st = t.untyped_storage()
         key = st._cdata
@@ -647,6 +650,29 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: 
     return out
 
 
+def _moved_to_device(obj: Any, tracker: _Tracker) -> Any:
+    """What `.to("cuda")` puts on the device, recorded in its order; returns the batch on the device (a module
+    stays as it is). A module's parameters and buffers as `Module._apply` walks them (each child's first, depth
+    first, then its own parameters, then its buffers), each storage once: a weight tied to another is moved
+    with it. A batch's tensors in pytree order, each copied (two views of one CPU tensor are two copies).
+    Nothing made on the CPU before is on the device: an initializer's scratch, or a tied layer's own weight,
+    replaced in its constructor."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    tracker.paused = False
+    if isinstance(obj, torch.nn.Module):
+        def walk(m: torch.nn.Module) -> None:
+            for child in m.children():
+                walk(child)
+            for t in (*m._parameters.values(), *m._buffers.values()):
+                tracker.track(t)
+
+        walk(obj)
+        return obj
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, obj)
+
+
 def _fakeify(batch: Any, fake_mode) -> Any:
     """Real tensors a make_batch built outside dispatch (e.g. from numpy) become fake ones."""
     import torch
@@ -681,7 +707,7 @@ def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
 def trace_training(workload: Workload, batch_size: int, *, precision: Precision, optimizer: OptimizerKind,
                    checkpointing: bool = False, fused_backward: bool = False, optimizer_impl: str | None = None,
                    fake: bool = True, count_flops: bool = True, cpu_workspaces: bool = False,
-                   cuda_workspaces: bool = False, autocast_device: str = "cpu") -> Trace:
+                   cuda_workspaces: bool = False, device: str = "cpu") -> Trace:
     """Build `workload` and run two full training steps, recording memory.
 
     fake=True (the estimator): on fake tensors, nothing allocated. fake=False: on real CPU
@@ -690,8 +716,10 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     is the target, fake tensors): the workspaces and scratch of oneDNN's kernels, which fake ops
     leave out, are sized by running each such op once on real zeros (`_with_real_workspace`,
     `_real_scratch`). cuda_workspaces (this machine's GPU is the target, fake tensors): cuDNN's
-    convolution workspaces, sized the same way on the GPU (`_cuda_scratch`). autocast_device "cuda" (a
-    CUDA target): autocast's regions follow CUDA's op rules, not the CPU's (`autocast_cuda.cuda_policy`).
+    convolution workspaces, sized the same way on the GPU (`_cuda_scratch`). device "cuda" (a CUDA
+    target): the run is DESIGN.md's, `build_model().to("cuda")` and each batch made on the CPU and moved, so
+    only what is moved is on the device, in the order it is moved (`_moved_to_device`); and autocast's
+    regions follow CUDA's op rules, not the CPU's (`autocast_cuda.cuda_policy`).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -708,13 +736,16 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
         # the cuDNN LSTM probe hands _cudnn_rnn unflattened weights (`_cudnn_rnn_sizes`): torch warns,
         # at the LSTM's own call, of a copy that a user's flattened module never makes
         quiet = warnings.catch_warnings() if tracker.cuda_workspaces else contextlib.nullcontext()
-        policy = cuda_policy() if autocast_device == "cuda" and precision.autocast_dtype is not None \
+        policy = cuda_policy() if device == "cuda" and precision.autocast_dtype is not None \
             else contextlib.nullcontext()
         with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), quiet, policy:
             if tracker.cuda_workspaces:
                 warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
             torch.manual_seed(0)
+            tracker.paused = device == "cuda"
             model = workload.build_model()
+            if device == "cuda":
+                _moved_to_device(model, tracker)
             params = [p for p in model.parameters()]
             num_params = sum(p.numel() for p in params)
             blocks = repeated_blocks(model)
@@ -730,8 +761,11 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
             grad_bytes = 0
             for it in range(2):
                 tracker.set_phase("batch")
+                tracker.paused = device == "cuda"
                 batch = workload.make_batch(batch_size)
                 batch = _fakeify(batch, fake_mode) if fake_mode else batch
+                if device == "cuda":
+                    batch = _moved_to_device(batch, tracker)
                 for t in torch.utils._pytree.tree_flatten(batch)[0]:
                     tracker.track(t)
                 tracker.count_flops = count_flops and it == 0

@@ -82,13 +82,13 @@ def test_a_cuda_targets_trace_keeps_softmax_probabilities_in_fp32():
 
     def peak(device: str) -> int:
         return trace_training(wl, 2, precision=Precision.bf16, optimizer=OptimizerKind.adamw, count_flops=False,
-                              autocast_device=device).peak_bytes
+                              device=device).peak_bytes
 
     cpu, cuda = peak("cpu"), peak("cuda")
     assert cuda - cpu >= 2 * 1024 * 1024 * 2
     # fp32 has no autocast region: the same trace either way
     assert trace_training(wl, 2, precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False,
-                          autocast_device="cuda").peak_bytes == trace_training(
+                          device="cuda").peak_bytes == trace_training(
         wl, 2, precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False).peak_bytes
 
 

@@ -106,3 +106,29 @@ def test_a_kernels_contiguous_copy_of_a_strided_input_is_sized_on_the_gpu():
     err = abs(probed.allocated_bytes - real) / real
     assert err <= abs(plain.allocated_bytes - real) / real
     assert err < 0.03, (probed.allocated_bytes, real, probed.notes)
+
+
+def test_the_trace_moves_a_model_to_the_gpu_as_to_cuda_does():
+    """bert-base's build, moved by a real `.to("cuda")` and recorded by the caching allocator's history:
+    the same requests, in the same order, as the CUDA target's trace starts with (its MLM decoder's own
+    weight, replaced by the tied embedding in the constructor, never reaches the device)."""
+    import torch
+
+    from advisor.config import OptimizerKind
+    from advisor.estimate.trace import trace_training
+    from advisor.workload import load_workload
+
+    wl = load_workload("bert-base", {"seq_len": 128})
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        model = wl.build_model().to("cuda")
+        events = torch.cuda.memory._snapshot()["device_traces"][0]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    real = [ev["size"] for ev in events if ev["action"] == "alloc"]
+    traced = trace_training(wl, 2, precision=Precision.fp32, optimizer=OptimizerKind.adamw, device="cuda",
+                            count_flops=False)
+    ours = [int(s) for s in traced.sizes[:len(real)]]
+    rounded = [max(512, -(-s // 512) * 512) for s in ours]  # the allocator's 512-byte rounding
+    assert rounded == real
+    assert sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers()) == sum(ours)

@@ -133,3 +133,51 @@ def test_a_probe_past_its_input_limit_at_one_batch_size_keeps_the_traces_aligned
     assert bm.aligned is not None, "the two traces make the same allocations, some of 0 bytes in one"
     # the long-lived tensors are the same allocations at every batch size: extrapolated exactly
     assert persistent_transient(bm.at(4).curve)[0] == pytest.approx(persistent_transient(mid.curve)[0], rel=0.01)
+
+
+def test_a_cuda_targets_trace_puts_on_the_device_what_to_cuda_moves_there_in_its_order() -> None:
+    """DESIGN.md's CUDA run builds the model on the CPU and moves it (`build_model().to("cuda")`), then each
+    batch. So a CUDA target's trace starts with exactly what torch's `.to()` makes, in its order: each child's
+    parameters before its parent's own, a tied weight once, no weight its constructor replaced, no
+    initializer's scratch; then each batch tensor copied on its own, two views of one token tensor as two
+    copies. A CPU target's trace keeps the build as it ran (the replaced weight allocated and freed).
+    (torch's own `.to("meta")` is no oracle here: a CPU and a meta tensor cannot share an impl, so `_apply`
+    gives each module a new Parameter and unties the weights; CPU to CUDA sets the data in place.
+    tests/advisor/test_estimate_gpu.py checks this against a real `.to("cuda")` on a GPU.)"""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from advisor.workload import Workload
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(3))  # its own, before its children: `.to()` moves it after them
+            self.word = nn.Embedding(500, 32)
+            scratch = torch.randn(64, 32)  # an initializer's scratch, never on the device
+            self.proj = nn.Linear(32, 32)
+            with torch.no_grad():
+                self.proj.weight.copy_(scratch[:32])
+            self.out = nn.Linear(32, 500)  # its own weight, replaced by the embedding's
+            self.out.weight = self.word.weight
+            self.register_buffer("mask", torch.ones(7))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.proj(self.word(x)) * self.scale.sum())
+
+    def batch(n: int):
+        tokens = torch.randint(0, 500, (n, 9), generator=torch.Generator().manual_seed(0))
+        return tokens[:, :-1], tokens[:, 1:]
+
+    wl = Workload(name="tied", build_model=Tied, make_batch=batch, default_batch_size=2,
+                  loss_fn=lambda m, b: F.cross_entropy(m(b[0]).flatten(0, 1), b[1].flatten()))
+    # `Module._apply`: children first (word; proj's weight and bias; out's bias, its weight being word's), then
+    # the module's own parameter (scale) and buffer (mask); then the batch's two views, 4 x 8 int64 each
+    moved = [500 * 32 * 4, 32 * 32 * 4, 32 * 4, 500 * 4, 3 * 4, 7 * 4, 4 * 8 * 8, 4 * 8 * 8]
+    cuda = trace_training(wl, 4, precision=Precision.fp32, optimizer=OptimizerKind.adamw, device="cuda", count_flops=False)
+    assert cuda.sizes[:len(moved)].tolist() == moved
+    cpu = trace_training(wl, 4, precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
+    build = cpu.sizes[:cpu.sizes.tolist().index(4 * 9 * 8)]  # up to the token tensor, made whole on the CPU
+    assert -500 * 32 * 4 in build.tolist() and 64 * 32 * 4 in build.tolist()  # the replaced weight, the scratch
+    assert cuda.peak_bytes < cpu.peak_bytes + 2 * 4 * 8 * 8  # the same step after the build
