@@ -34,7 +34,6 @@ def test_tensor_requests_are_resized_as_the_trace_resizes_them_and_nothing_else_
     assert (out[:, [0, 1, 3]] == log[:, [0, 1, 3]]).all()
 
 
-
 @needs_tools
 def test_a_draw_starts_the_heap_with_its_seed_bytes_held_and_seed_zero_with_none(tmp_path) -> None:
     """The replayer under a seed holds 16 B to 128 KiB before the log's first request (it says how many on
@@ -61,6 +60,7 @@ def test_the_draws_are_pooled_as_their_median_plus_the_runs_mean_excess() -> Non
     runs = [heaplog.Replayed(excess=10, at_target=(100, 300, 200)), heaplog.Replayed(excess=30, at_target=(150, 400, 250))]
     assert heaplog.pooled(runs) == 225 + 20
     assert heaplog.pooled(runs[:1]) == 200 + 10
+
 
 @needs_tools
 def test_a_logged_run_rescaled_to_a_larger_batch_and_replayed_predicts_a_run_there(tmp_path) -> None:
