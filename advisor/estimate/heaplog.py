@@ -14,7 +14,7 @@ calls posix_memalign) are rescaled from the run's batch to the one asked about, 
 the estimator's trace maps it between the two batches; everything else stays as logged. A small
 replayer makes the same requests in the same order through this machine's glibc, writing every byte,
 and reports its peak resident set. That peak is one draw: glibc's heap is chaotic in its history, and
-the same requests with a few KiB held first can peak 20% apart, as a run's fresh processes do. So each
+the same requests with a few KiB held first can peak up to 25% apart, as a run's fresh processes do. So each
 log is replayed several times, each with its own few bytes held first (DRAWS). The prediction at the
 batch is the median of the rescaled logs' draws plus what the runs measured over their own logs' draws
 (the process's other pages). Where no C compiler or no glibc is found, nothing is logged and the

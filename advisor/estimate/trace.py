@@ -93,9 +93,17 @@ class _Tracker:
         # True between an autograd node's apply and the next node's: the engine is adding the node's
         # outputs into the input buffers of the nodes they feed (see `accumulates_in_place`)
         self.accumulating = False
-        # True while the CPU side of a CUDA target's run works (the build, the batch's making): nothing of it is
-        # on the device (`_moved_to_device`)
-        self.paused = False
+        self.paused = False  # `off_device`
+
+    @contextlib.contextmanager
+    def off_device(self, on: bool):
+        """While `on`, record nothing: a CUDA target's build and batches are made on the CPU and only what is
+        moved reaches the device (`_moved_to_device`)."""
+        self.paused = on
+        try:
+            yield
+        finally:
+            self.paused = False
 
     def set_phase(self, name: str) -> None:
         self.phase = name
@@ -660,7 +668,6 @@ def _moved_to_device(obj: Any, tracker: _Tracker) -> Any:
     import torch
     from torch.utils._pytree import tree_map
 
-    tracker.paused = False
     if isinstance(obj, torch.nn.Module):
         def walk(m: torch.nn.Module) -> None:
             for child in m.children():
@@ -742,8 +749,8 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
             if tracker.cuda_workspaces:
                 warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
             torch.manual_seed(0)
-            tracker.paused = device == "cuda"
-            model = workload.build_model()
+            with tracker.off_device(device == "cuda"):
+                model = workload.build_model()
             if device == "cuda":
                 _moved_to_device(model, tracker)
             params = [p for p in model.parameters()]
@@ -761,9 +768,9 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
             grad_bytes = 0
             for it in range(2):
                 tracker.set_phase("batch")
-                tracker.paused = device == "cuda"
-                batch = workload.make_batch(batch_size)
-                batch = _fakeify(batch, fake_mode) if fake_mode else batch
+                with tracker.off_device(device == "cuda"):
+                    batch = workload.make_batch(batch_size)
+                    batch = _fakeify(batch, fake_mode) if fake_mode else batch
                 if device == "cuda":
                     batch = _moved_to_device(batch, tracker)
                 for t in torch.utils._pytree.tree_flatten(batch)[0]:
