@@ -31,8 +31,26 @@ PCIE4_X16_GBPS = 64.0  # PCIe Gen4 x16, as printed in the A100/A10/L4/L40S datas
 PCIE5_X16_GBPS = 128.0  # PCIe Gen5 x16, as printed in the H100/H200 datasheets
 
 
+# Multiprocessors per device, and the threads each holds (by compute capability: CUDA C++ Programming
+# Guide, "Technical Specifications per Compute Capability": 2048 on 7.0, 8.0, 9.0 and 10.0; 1024 on 7.5;
+# 1536 on 8.6 and 8.9). torch's kernels size their grids from both, and its reductions their scratch
+# (advisor/estimate/cuda_reduce.py). SM counts: the architecture whitepapers (A100 2020: 108; H100 2022,
+# table 3: SXM5 132, PCIe 114; H200 is the H100 SXM5's GH100 configuration, and an H200's allocator events
+# here match 132), NVIDIA's Blackwell brief (B200: 148), the Ada whitepaper (L4: 58; L40S: 142, its 18,176
+# CUDA cores / 128; RTX 4090: 128), the GA102 whitepaper (RTX 3090: 82), the Turing and Volta whitepapers
+# (T4: 40; V100: 80). The A10G's 80 is what CUDA's deviceQuery reports on EC2 G5 (the A10 has 72).
+_MULTIPROCESSORS: dict[str, tuple[int, int]] = {
+    "a100-40gb": (108, 2048), "a100-80gb": (108, 2048), "h100-sxm": (132, 2048), "h100-pcie": (114, 2048),
+    "h200": (132, 2048), "b200": (148, 2048), "l4": (58, 1536), "l40s": (142, 1536), "a10g": (80, 1536),
+    "t4": (40, 1024), "v100": (80, 2048), "v100-16gb": (80, 2048), "rtx-4090": (128, 1536),
+    "rtx-3090": (82, 1536), "tiny": (16, 2048),
+}
+
+
 def _nvidia(name: str, **fields: object) -> Accelerator:
-    return Accelerator(name=name, vendor="nvidia", **fields)
+    sms, threads = _MULTIPROCESSORS[name]
+    return Accelerator(name=name, vendor="nvidia", multiprocessors=sms, max_threads_per_multiprocessor=threads,
+                       **fields)
 
 
 _ENTRIES: list[Accelerator] = [
@@ -215,6 +233,8 @@ _ENTRIES: list[Accelerator] = [
         interconnect="infinity-fabric",
         interconnect_gbps=896.0,
         supports_tf32=True,
+        multiprocessors=304,  # the same data sheet: 304 compute units
+        max_threads_per_multiprocessor=2048,  # HIP's hipDeviceProp_t on CDNA3 (gfx942)
     ),
     # A generic host CPU, no datasheet: nominal figures for a 16-core AVX2 server socket
     # (16 cores x 2.0 GHz x 32 fp32 FLOP/cycle = 1.0 TF; dual-channel DDR4-3200 = 51.2 GB/s),

@@ -67,6 +67,10 @@ class Accelerator(BaseModel):
     supports_bf16: bool = True
     supports_fp16: bool = True
     supports_tf32: bool = False
+    multiprocessors: int | None = Field(default=None, gt=0, description="Streaming multiprocessors (NVIDIA) or compute "
+                                        "units (AMD): how torch's kernels size their launch grids and scratch.")
+    max_threads_per_multiprocessor: int | None = Field(default=None, gt=0, description="Resident threads per "
+                                                       "multiprocessor, by compute capability.")
     cpu: CpuSpec | None = Field(default=None, description="A probed CPU's identity and the figures its peak_tflops "
                                 "come from; None for catalog entries.")
 
