@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from advisor.estimate.cuda_reduce import scratch_slots
 from advisor.estimate.strategy import PERSISTENT
 from advisor.estimate.trace import Trace
 
@@ -93,17 +94,36 @@ class BatchModel:
         alloc, label, size_a, size_c, unt_a, unt_c = self.aligned
         f = (b - self.a) / (self.c - self.a)
 
-        def interpolated(x_a: np.ndarray, x_c: np.ndarray) -> np.ndarray:
+        def interpolated(x_a: np.ndarray, x_c: np.ndarray, exact: dict[int, int] | None = None) -> np.ndarray:
             x = np.maximum(np.rint(x_a + f * (x_c - x_a)), 0).astype(np.int64)
+            for aid, n in (exact or {}).items():
+                x[aid] = n
             return np.where(alloc, x[ta.ids], -x[ta.ids])
 
-        sizes = interpolated(size_a, size_c)
+        sizes = interpolated(size_a, size_c, self._reductions_at(f))
         onehot = np.zeros(ta.curve.shape, np.int64)
         onehot[np.arange(len(sizes)), label[ta.ids]] = sizes
         untouched = None if unt_a is None else np.minimum(np.abs(interpolated(unt_a, unt_c)), np.abs(sizes)) * np.sign(sizes)
         # FLOPs scale with the batch (the second trace does not count them, to save time)
         return replace(ta, sizes=sizes, curve=np.cumsum(onehot, axis=0), untouched=untouched,
                        flops_per_step=int(round(ta.flops_per_step * b / self.a)))
+
+    def _reductions_at(self, f: float) -> dict[int, int]:
+        """Allocation id -> bytes of each reduction's scratch worked out for a CUDA target not at hand
+        (Trace.reduce_specs), worked out again for the reduction at this batch: its blocks per output follow
+        the launch grid, which is 0 below some size, has a ceiling and steps past it, so it is not affine in
+        the batch as the tensors are."""
+        ta, tc = self.trace_a, self.trace_c
+        if not ta.reduce_specs or ta.reduce_gpu is None or tc is None:
+            return {}
+        theirs = {aid: spec for aid, _, spec in tc.reduce_specs}
+        out = {}
+        for aid, slot, spec in ta.reduce_specs:
+            other = theirs.get(aid)
+            here = spec.at(other, f) if other is not None else None
+            if here is not None:
+                out[aid] = scratch_slots(here, ta.reduce_gpu)[slot]
+        return out
 
     @staticmethod
     def _candidates(trace: Trace) -> np.ndarray:

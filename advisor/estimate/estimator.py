@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.errors import EstimateError, SpecError
 from advisor.estimate.batchmodel import BatchModel
+from advisor.estimate.cuda_reduce import ReduceGpu
 from advisor.estimate.model import Breakdown, EstimateRequest, MemoryEstimate
 from advisor.estimate.evaluator import Evaluator
 from advisor.estimate.largest import largest_batches
@@ -59,11 +60,11 @@ def _local_cuda(hw: HardwareSpec) -> bool:
 
 
 def _tracer(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu",
-            cuda: bool = False) -> Callable[..., Trace]:
+            cuda: bool = False, reduce_gpu: ReduceGpu | None = None) -> Callable[..., Trace]:
     """trace(b, flops=True): the request's training step traced at batch b."""
     kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
               fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu,
-              cuda_workspaces=cuda, device=device_type)
+              cuda_workspaces=cuda, device=device_type, reduce_gpu=reduce_gpu)
 
     def retrace(b: int, flops: bool = True) -> Trace:
         return trace_training(wl, b, count_flops=flops, **kw)
@@ -71,8 +72,9 @@ def _tracer(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "c
     return retrace
 
 
-def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu", cuda: bool = False) -> BatchModel:
-    retrace = _tracer(wl, req, cpu, device_type, cuda)
+def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu", cuda: bool = False,
+                 reduce_gpu: ReduceGpu | None = None) -> BatchModel:
+    retrace = _tracer(wl, req, cpu, device_type, cuda, reduce_gpu)
 
     a = req.batch_size
     if a == 1:
@@ -114,14 +116,27 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
 
     do_cal = get_settings().calibrate if calibrate is None else calibrate
     local_cpu, probe_gpu = hw.device_type == "cpu" and hw.is_local, do_cal and _local_cuda(hw)
+    reduce_gpu = None  # reductions' scratch worked out, where no GPU measures it
+    if hw.device_type == "cuda" and not probe_gpu:
+        reduce_gpu = ReduceGpu.on_device() if _local_cuda(hw) else ReduceGpu.of(hw.accelerator)
     report(f"tracing {wl.name} at batch {batch}")
     bm, used = _choose_batch_model(wl, workload, workload_args, req, method, notes, cpu=local_cpu,
-                                   device_type=hw.device_type, cuda=probe_gpu)
+                                   device_type=hw.device_type, cuda=probe_gpu, reduce_gpu=reduce_gpu)
     if bm.trace_a.sized_kernels:
         where = ("CUDA op shape(s) (cuDNN's convolutions and LSTM layers, reductions) once on zeros on this machine's "
                  "GPU" if bm.trace_a.sized_on == "cuda" else "oneDNN op shape(s) once on zeros on this CPU")
         notes.append(f"kernel scratch and workspaces sized by running {bm.trace_a.sized_kernels} {where} "
                      "(fake ops report none)")
+    if bm.trace_a.reduce_scratch:
+        notes.append(f"the cross-block scratch of {bm.trace_a.reduce_scratch} reduction shape(s) (a linear layer's bias "
+                     f"gradient, a sum over the batch) worked out from torch's launch rules for the "
+                     f"{hw.accelerator.name}'s {reduce_gpu.multiprocessors} multiprocessors, at each batch size "
+                     "(fake ops report none)")
+    if bm.trace_a.unsized_cudnn:
+        notes.append(f"cuDNN's workspaces for {bm.trace_a.unsized_cudnn} convolution or LSTM op shape(s) are not "
+                     "counted: their size follows the algorithm cuDNN picks on the device itself, so only an "
+                     "estimate on that GPU (--hardware local, calibrating) sizes them (on an H200 the presets' "
+                     "convolution nets and LSTM reserved up to 1.9 times the estimate without them)")
     if bm.trace_a.probed_copies:
         where = "this machine's GPU" if bm.trace_a.sized_on == "cuda" else "this CPU"
         notes.append(f"{bm.trace_a.probed_copies} op shape(s) with strided inputs run once on zeros on {where}, for the "
@@ -221,7 +236,8 @@ def _make_request(hw: HardwareSpec, batch: int, **knobs: Any) -> EstimateRequest
 
 def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: dict[str, Any] | None,
                         req: EstimateRequest, method: str, notes: list[str], cpu: bool,
-                        device_type: str = "cpu", cuda: bool = False) -> tuple[BatchModel, str]:
+                        device_type: str = "cpu", cuda: bool = False,
+                        reduce_gpu: ReduceGpu | None = None) -> tuple[BatchModel, str]:
     """Formulas, a fake-tensor trace, or (untraceable model) real-tensor traces at batch 1 and 2."""
     from advisor.settings import get_settings
 
@@ -233,7 +249,7 @@ def _choose_batch_model(wl: Workload, workload: Workload | str, workload_args: d
         return BatchModel(a=req.batch_size, trace_a=analytic_trace(wl, req.batch_size, req),
                           retrace=lambda b: analytic_trace(wl, b, req)), "analytic"
     try:
-        return _batch_model(wl, req, cpu, device_type, cuda), "traced"
+        return _batch_model(wl, req, cpu, device_type, cuda, reduce_gpu), "traced"
     except EstimateError as exc:
         if not isinstance(workload, str):
             raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "

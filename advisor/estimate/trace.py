@@ -22,6 +22,7 @@ import numpy as np
 from advisor.config import OptimizerKind, Precision
 from advisor.errors import EstimateError
 from advisor.estimate.autocast_cuda import cuda_policy
+from advisor.estimate.cuda_reduce import ReduceGpu, ReduceSpec, is_reduction, reduction_spec, scratch_slots
 from advisor.workload import Workload
 
 # Category indices of the live-bytes curve.
@@ -58,6 +59,14 @@ class Trace:
     # where each thread first runs a cuBLAS op, and a cuBLASLt one: ((event index, "cublas" or "cublaslt"), ...);
     # its workspace is taken from the caching allocator right after that op's outputs (cuda_alloc.library_workspaces)
     cublas_at: tuple[tuple[int, str], ...] = ()
+    # reduction op shapes whose cross-block scratch was worked out for a GPU not at hand (cuda_reduce.py)
+    reduce_scratch: int = 0
+    # that GPU, and each such scratch allocation: (allocation id, slot of cuda_reduce.scratch_slots, the
+    # reduction), so that the batch model works it out again at another batch (it is not affine in the batch)
+    reduce_gpu: ReduceGpu | None = None
+    reduce_specs: tuple[tuple[int, int, ReduceSpec], ...] = ()
+    # cuDNN op shapes (convolutions, LSTM layers) whose workspaces a GPU not at hand leaves unsized
+    unsized_cudnn: int = 0
     # (events,) int64, signed as `sizes`: the bytes of each allocation its kernel never writes (pages
     # that stay out of the resident set, e.g. the unused part of oneDNN's RNN workspace); None: all
     untouched: np.ndarray | None = None
@@ -82,6 +91,10 @@ class _Tracker:
         self.cpu_workspaces = False  # size oneDNN's workspaces and scratch by running those ops for real
         self.cuda_workspaces = False  # size CUDA kernels' scratch (`_cuda_scratch_ops`, LSTMs) by running them on the GPU
         self.cudnn_tf32 = False  # whether the run lets cuDNN use TF32 (precision tf32): it picks other algorithms
+        self.reduce_gpu: ReduceGpu | None = None  # a CUDA target not at hand: reductions' scratch from torch's rules
+        self.reduce_scratch: set[ReduceSpec] = set()  # reductions that took some (`_reduction_scratch`)
+        self.reduce_specs: list[tuple[int, int, ReduceSpec]] = []  # see Trace.reduce_specs
+        self.unsized_cudnn: set[str] = set()  # with reduce_gpu: cuDNN op shapes whose workspace nothing sizes
         self.workspace_bytes: dict[str, int] = {}  # the op's shapes, dtypes and scalars -> bytes
         self.copy_probes: set[str] = set()  # keys of workspace_bytes probed for a contiguous copy of a strided input
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
@@ -202,6 +215,10 @@ def _dispatch_mode(tracker: _Tracker):
                 out = _cuda_scratch(tracker, func, args, kwargs, out)
             elif tracker.cuda_workspaces and _may_copy_strided(func, args, kwargs):
                 out = _cuda_scratch(tracker, func, args, kwargs, out, copy=True)
+            elif tracker.reduce_gpu is not None and is_reduction(func):
+                out = _reduction_scratch(tracker, func, args, kwargs, out)
+            elif tracker.reduce_gpu is not None and func in _cudnn_ops():
+                tracker.unsized_cudnn.add(_probe_key(func, args, kwargs))
             if func is torch.ops.aten.add.Tensor and tracker.accumulating and accumulates_in_place(args):
                 tracker.reuse(out, args[0])
                 return out
@@ -608,6 +625,17 @@ def _scratch_event(tracker: _Tracker, nbytes: int) -> None:
 
 
 @functools.lru_cache(maxsize=1)
+def _cudnn_ops() -> frozenset:
+    """Ops that run on cuDNN on a CUDA target, with a workspace (and an LSTM's reserve space) whose size
+    follows the algorithm cuDNN picks on the device (the CPU trace runs oneDNN's LSTM layer by layer)."""
+    import torch
+
+    aten = torch.ops.aten
+    return frozenset({aten.convolution.default, aten.convolution_backward.default, aten.mkldnn_rnn_layer.default,
+                      aten.mkldnn_rnn_layer_backward.default})
+
+
+@functools.lru_cache(maxsize=1)
 def _cuda_scratch_ops() -> frozenset:
     """Ops whose CUDA kernels take scratch from the caching allocator inside the op: cuDNN's
     convolutions (a workspace whose size comes from the algorithm cuDNN picks for the GPU, shape and
@@ -655,6 +683,31 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: 
     for t in tree_flatten(out)[0]:
         tracker.track(t)
     _scratch_event(tracker, n)
+    return out
+
+
+def _reduction_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+    """A reduction on a CUDA target not at hand: after its outputs, the blocks its kernel holds while it runs
+    (`cuda_reduce.scratch_slots`, from torch's launch rules and the GPU's multiprocessors: partial results and
+    semaphores, and an accumulation buffer before them for a huge 16-bit one), freed as it returns, the last
+    taken first. All three are recorded for every reduction, 0 bytes where it takes none, so that two traces'
+    allocations keep their order (batchmodel.py)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    for t in tree_flatten(out)[0]:
+        tracker.track(t)
+    spec = reduction_spec(func, args, kwargs, out)
+    sizes = scratch_slots(spec, tracker.reduce_gpu) if spec is not None else (0, 0, 0)
+    if any(sizes):
+        tracker.reduce_scratch.add(spec)
+    held = [torch.empty(n, dtype=torch.uint8) for n in sizes]  # fake: the mode beneath is fake
+    for slot, t in enumerate(held):
+        if spec is not None and not tracker.paused:
+            tracker.reduce_specs.append((len(tracker.nbytes), slot, spec))
+        tracker.track(t)
+    while held:
+        held.pop()
     return out
 
 
@@ -714,7 +767,7 @@ def _replay(tracker: _Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
 def trace_training(workload: Workload, batch_size: int, *, precision: Precision, optimizer: OptimizerKind,
                    checkpointing: bool = False, fused_backward: bool = False, optimizer_impl: str | None = None,
                    fake: bool = True, count_flops: bool = True, cpu_workspaces: bool = False,
-                   cuda_workspaces: bool = False, device: str = "cpu") -> Trace:
+                   cuda_workspaces: bool = False, device: str = "cpu", reduce_gpu: ReduceGpu | None = None) -> Trace:
     """Build `workload` and run two full training steps, recording memory.
 
     fake=True (the estimator): on fake tensors, nothing allocated. fake=False: on real CPU
@@ -726,7 +779,9 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     convolution workspaces, sized the same way on the GPU (`_cuda_scratch`). device "cuda" (a CUDA
     target): the run is DESIGN.md's, `build_model().to("cuda")` and each batch made on the CPU and moved, so
     only what is moved is on the device, in the order it is moved (`_moved_to_device`); and autocast's
-    regions follow CUDA's op rules, not the CPU's (`autocast_cuda.cuda_policy`).
+    regions follow CUDA's op rules, not the CPU's (`autocast_cuda.cuda_policy`). reduce_gpu (a CUDA target
+    whose kernels are not sized on this machine, fake tensors): each reduction's cross-block scratch is worked
+    out for that GPU (`_reduction_scratch`).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -738,6 +793,7 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
     tracker.cpu_workspaces = cpu_workspaces and fake
     tracker.cuda_workspaces = cuda_workspaces and fake
     tracker.cudnn_tf32 = precision == Precision.tf32  # advisor.training.set_matmul_precision's switch
+    tracker.reduce_gpu = reduce_gpu if fake and device == "cuda" and not tracker.cuda_workspaces else None
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     try:
         # the cuDNN LSTM probe hands _cudnn_rnn unflattened weights (`_cudnn_rnn_sizes`): torch warns,
@@ -813,7 +869,9 @@ def trace_training(workload: Workload, batch_size: int, *, precision: Precision,
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
                  sized_kernels=len(tracker.workspace_bytes) - copies, probed_copies=copies,
                  sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=sum(kind == "cublas" for _, kind in tracker.cublas_at),
-                 cublas_at=tuple(sorted((i, kind) for (_, kind), i in tracker.cublas_at.items())))
+                 cublas_at=tuple(sorted((i, kind) for (_, kind), i in tracker.cublas_at.items())),
+                 reduce_scratch=len(tracker.reduce_scratch), reduce_gpu=tracker.reduce_gpu,
+                 reduce_specs=tuple(tracker.reduce_specs), unsized_cudnn=len(tracker.unsized_cudnn))
 
 
 def save_trace(trace: Trace, path: str) -> None:
