@@ -117,12 +117,15 @@ class BatchModel:
         if not ta.reduce_specs or ta.reduce_gpu is None or tc is None:
             return {}
         theirs = {aid: spec for aid, _, spec in tc.reduce_specs}
+        slots: dict[tuple, tuple[int, int, int] | None] = {}  # layers of one shape: worked out once (at() runs often)
         out = {}
         for aid, slot, spec in ta.reduce_specs:
             other = theirs.get(aid)
-            here = spec.at(other, f) if other is not None else None
-            if here is not None:
-                out[aid] = scratch_slots(here, ta.reduce_gpu)[slot]
+            if (spec, other) not in slots:
+                here = spec.at(other, f) if other is not None else None
+                slots[spec, other] = scratch_slots(here, ta.reduce_gpu) if here is not None else None
+            if slots[spec, other] is not None:
+                out[aid] = slots[spec, other][slot]
         return out
 
     @staticmethod

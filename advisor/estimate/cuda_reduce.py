@@ -23,6 +23,7 @@ head's 10,240 + 8, as computed here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -288,6 +289,7 @@ def _arg_bytes(family: str, dtype: Any) -> int:
     return 8 if wide else 4
 
 
+@functools.lru_cache(maxsize=1)
 def _families() -> dict[Any, str]:
     import torch
 
