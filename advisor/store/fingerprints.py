@@ -32,6 +32,10 @@ def hardware_fingerprint(hw: "HardwareSpec") -> str:
     # entry, every GPU), those fingerprints stay what they were.
     if spec["accelerator"].get("cpu") is None:
         del spec["accelerator"]["cpu"]
+    # so did a GPU's multiprocessor figures, which the GPU's name and figures already pin down: left out, so
+    # that results stored before them still match
+    for key in ("multiprocessors", "max_threads_per_multiprocessor"):
+        spec["accelerator"].pop(key, None)
     return _digest(spec)
 
 
