@@ -93,8 +93,10 @@ class Evaluator:
         lo, hi = 1, 2
         while hi < MAX_BATCH_LIMIT and fits(hi):
             lo, hi = hi, hi * 2
-        if hi >= MAX_BATCH_LIMIT:
-            return lo
+        if hi >= MAX_BATCH_LIMIT:  # the doubling reached the limit untested: the answer lies up to it
+            if fits(MAX_BATCH_LIMIT):
+                return MAX_BATCH_LIMIT
+            hi = MAX_BATCH_LIMIT
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if fits(mid):

@@ -49,3 +49,14 @@ def test_an_answer_the_line_gets_right_costs_one_trace():
     bm = BatchModel(a=64, trace_a=flat(64), c=32, trace_c=flat(32))
     answer, traced = max_batch_on_traces(fits_on, solve, bm, flat, solve(bm))
     assert answer == USABLE // 30 and traced == [USABLE // 30]
+
+
+def test_the_largest_batch_search_reaches_its_limit():
+    """A small model on a large GPU fits past 2**21 samples: the doubling stopped at the limit (2**22) without
+    testing it and answered 2**21; the answer now lies anywhere up to the limit, and fits there."""
+    from advisor.estimate import estimate_memory
+    from advisor.estimate.evaluator import MAX_BATCH_LIMIT
+
+    est = estimate_memory("mlp", "h200", 32768, precision="bf16", measured=False)
+    assert MAX_BATCH_LIMIT // 2 < est.max_batch_size <= MAX_BATCH_LIMIT
+    assert estimate_memory("mlp", "h200", est.max_batch_size, precision="bf16", measured=False).fits
