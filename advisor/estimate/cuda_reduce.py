@@ -365,6 +365,7 @@ def reduction_scratch(func: Any, args: tuple, kwargs: dict, out: Any, gpu: Reduc
     return [n for n in scratch_slots(spec, gpu) if n] if spec else []
 
 
+@functools.lru_cache(maxsize=4096)  # a model's layers repeat a few shapes
 def scratch_slots(spec: ReduceSpec, gpu: ReduceGpu) -> tuple[int, int, int]:
     """(accumulation buffer, partial results, semaphores) in bytes, 0 for each the op does not take: the
     same three slots for every reduction, so that two traces' allocations keep their order."""

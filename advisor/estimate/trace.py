@@ -142,6 +142,19 @@ class _Tracker:
         self.events.append(aid + 1)
         self.finalizers[key] = weakref.finalize(st, self._free, key, aid)
 
+    def scratch(self, *nbytes: int) -> list[int]:
+        """Blocks an op holds only while it runs: allocated in order, then freed, the last first. Recorded
+        as events without making tensors (a fake allocation costs a dispatch through FakeTensorMode); their
+        allocation ids, none while paused."""
+        if self.paused:
+            return []
+        aids = list(range(len(self.nbytes), len(self.nbytes) + len(nbytes)))
+        self.nbytes.extend(int(n) for n in nbytes)
+        self.labels.extend([_PHASE_LABEL[self.phase]] * len(nbytes))
+        self.events.extend(aid + 1 for aid in aids)
+        self.events.extend(-(aid + 1) for aid in reversed(aids))
+        return aids
+
     def _free(self, key: int, aid: int) -> None:
         if self.live_ids.get(key) == aid:
             del self.live_ids[key]
@@ -196,9 +209,15 @@ def _dispatch_mode(tracker: _Tracker):
     from torch.utils.flop_counter import flop_registry
 
     cublas_ops = _cublas_ops()
+    # what allocates nothing and is most of a trace's calls: a fake tensor's device is answered in Python,
+    # and the autograd engine asks it of every gradient; .item() on the optimizer's step counters
+    queries = {torch.ops.prim.device.default, torch.ops.aten.size.default, torch.ops.aten.stride.default,
+               torch.ops.aten.storage_offset.default, torch.ops.aten._local_scalar_dense.default}
 
     class TrackingMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in queries:
+                return func(*args, **(kwargs or {}))
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             if type(out) is tuple:
@@ -612,16 +631,12 @@ def _probed_bytes(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy:
 
 
 def _scratch_event(tracker: _Tracker, nbytes: int) -> None:
-    """A fake allocation of a probed op's scratch that dies at once, recorded for every candidate op
-    even where it is 0 bytes (the probe found none, or its inputs were past PROBE_INPUT_LIMIT): the
+    """A probed op's scratch, an allocation that dies at once, recorded for every candidate op even
+    where it is 0 bytes (the probe found none, or its inputs were past PROBE_INPUT_LIMIT): the
     batch model matches two traces' allocations by their order (batchmodel.py), and a probe that
     measures scratch at one batch size and none at the other (a limit crossed between them, a kernel
     that copies only past some size) must not shift that order."""
-    import torch
-
-    scratch = torch.empty(nbytes, dtype=torch.uint8)  # fake: the mode beneath is fake
-    tracker.track(scratch)
-    del scratch
+    tracker.scratch(nbytes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -692,7 +707,6 @@ def _reduction_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, 
     semaphores, and an accumulation buffer before them for a huge 16-bit one), freed as it returns, the last
     taken first. All three are recorded for every reduction, 0 bytes where it takes none, so that two traces'
     allocations keep their order (batchmodel.py)."""
-    import torch
     from torch.utils._pytree import tree_flatten
 
     for t in tree_flatten(out)[0]:
@@ -701,13 +715,9 @@ def _reduction_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, 
     sizes = scratch_slots(spec, tracker.reduce_gpu) if spec is not None else (0, 0, 0)
     if any(sizes):
         tracker.reduce_scratch.add(spec)
-    held = [torch.empty(n, dtype=torch.uint8) for n in sizes]  # fake: the mode beneath is fake
-    for slot, t in enumerate(held):
-        if spec is not None and not tracker.paused:
-            tracker.reduce_specs.append((len(tracker.nbytes), slot, spec))
-        tracker.track(t)
-    while held:
-        held.pop()
+    for slot, aid in enumerate(tracker.scratch(*sizes)):
+        if spec is not None:
+            tracker.reduce_specs.append((aid, slot, spec))
     return out
 
 
