@@ -22,7 +22,7 @@ import numpy as np
 from advisor.config import Strategy
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.calibrate import SLOPE_PRIOR_MEAN, SLOPE_PRIOR_SD, Calibration, Run
-from advisor.estimate.evaluator import Evaluator
+from advisor.estimate.evaluator import MAX_BATCH_LIMIT, Evaluator
 from advisor.estimate.refine import CAUTION, cautious
 from advisor.estimate.stages import report
 from advisor.estimate.trace import Trace
@@ -128,6 +128,10 @@ def largest_batches(ev: Evaluator, calibrated: bool, points: list[Run], workload
                          f"{CAUTION:.0f} posterior SDs steeper ({steep.slope:.2f}), as the measured points alone say little "
                          "about it far from them")
             by_strategy[own] = answer
+    capped = [s for s, b in by_strategy.items() if b >= MAX_BATCH_LIMIT]
+    if capped:
+        notes.append(f"largest batch: at least {MAX_BATCH_LIMIT} ({', '.join(capped)}), the search's limit; "
+                     "a larger batch may fit too")
     return by_strategy
 
 

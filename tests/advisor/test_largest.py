@@ -60,3 +60,14 @@ def test_the_largest_batch_search_reaches_its_limit():
     est = estimate_memory("mlp", "h200", 32768, precision="bf16", measured=False)
     assert MAX_BATCH_LIMIT // 2 < est.max_batch_size <= MAX_BATCH_LIMIT
     assert estimate_memory("mlp", "h200", est.max_batch_size, precision="bf16", measured=False).fits
+
+
+def test_an_answer_at_the_search_limit_says_a_larger_batch_may_fit():
+    from advisor.estimate import estimate_memory
+    from advisor.estimate.evaluator import MAX_BATCH_LIMIT
+
+    capped = estimate_memory("tiny-mlp", "h200", 64, measured=False)
+    assert capped.max_batch_size == MAX_BATCH_LIMIT
+    assert any(f"at least {MAX_BATCH_LIMIT} (single)" in n for n in capped.notes)
+    below = estimate_memory("tiny-mlp", "t4", 64, measured=False)
+    assert below.max_batch_size < MAX_BATCH_LIMIT and not any("search's limit" in n for n in below.notes)
