@@ -22,6 +22,8 @@ def estimate_table(est: "MemoryEstimate") -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from advisor.estimate.evaluator import MAX_BATCH_LIMIT
+
     r = est.request
     title = (f"{est.workload} on {est.hardware} x{est.world_size}: batch {r.batch_size}, {r.precision.value}, "
              f"{r.optimizer.value}, {r.strategy.value}" + (", checkpointing" if r.checkpointing else "")
@@ -43,8 +45,11 @@ def estimate_table(est: "MemoryEstimate") -> None:
     table.add_row("verdict", fit, "")
     console = Console()
     console.print(table)
-    by = ", ".join(f"{k} {v}" for k, v in est.max_batch_by_strategy.items())
-    console.print(f"largest batch that fits: {est.max_batch_size}  (by strategy: {by})")
+    def batch(n: int) -> str:  # the search stops at its limit: a larger batch may fit too
+        return f">= {n}" if n >= MAX_BATCH_LIMIT else str(n)
+
+    by = ", ".join(f"{k} {batch(v)}" for k, v in est.max_batch_by_strategy.items())
+    console.print(f"largest batch that fits: {batch(est.max_batch_size)}  (by strategy: {by})")
     if est.predicted_samples_per_s:
         console.print(f"roofline: {est.predicted_step_s * 1e3:.1f} ms/step, {est.predicted_samples_per_s:,.0f} samples/s "
                       f"({est.flops_per_step / 1e12:.2f} TFLOP per step)")
