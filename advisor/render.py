@@ -45,6 +45,7 @@ def estimate_table(est: "MemoryEstimate") -> None:
     table.add_row("verdict", fit, "")
     console = Console()
     console.print(table)
+
     def batch(n: int) -> str:  # the search stops at its limit: a larger batch may fit too
         return f">= {n}" if n >= MAX_BATCH_LIMIT else str(n)
 

@@ -40,7 +40,7 @@ class BatchModel:
     def _allocations(trace: Trace) -> np.ndarray:
         """Which events allocate: each allocation's first event. Not the sign of its size: an
         allocation may be 0 bytes in one trace and not in the other (a probed op's scratch,
-        trace._scratch_event)."""
+        trace._Tracker.scratch)."""
         first = np.zeros(len(trace.ids), dtype=bool)
         first[np.unique(trace.ids, return_index=True)[1]] = True
         return first

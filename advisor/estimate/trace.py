@@ -143,9 +143,13 @@ class _Tracker:
         self.finalizers[key] = weakref.finalize(st, self._free, key, aid)
 
     def scratch(self, *nbytes: int) -> list[int]:
-        """Blocks an op holds only while it runs: allocated in order, then freed, the last first. Recorded
-        as events without making tensors (a fake allocation costs a dispatch through FakeTensorMode); their
-        allocation ids, none while paused."""
+        """Blocks an op holds only while it runs (a probed op's scratch, a reduction's): allocated in order,
+        then freed, the last first; their allocation ids, none while paused. Recorded as events without making
+        tensors (a fake allocation costs a dispatch through FakeTensorMode), and for every candidate op even
+        where 0 bytes (the probe found none, or its inputs were past PROBE_INPUT_LIMIT): the batch model
+        matches two traces' allocations by their order (batchmodel.py), and a probe that measures scratch at
+        one batch size and none at the other (a limit crossed between them, a kernel that copies only past
+        some size) must not shift that order."""
         if self.paused:
             return []
         aids = list(range(len(self.nbytes), len(self.nbytes) + len(nbytes)))
@@ -345,7 +349,7 @@ def _rnn_workspace(tracker: _Tracker, args: tuple, out: tuple) -> tuple:
         tracker.track(workspace)
         for t in out[:3]:
             tracker.track(t)
-        _scratch_event(tracker, forward_scratch)
+        tracker.scratch(forward_scratch)
         return out
     # recorded first whether sized or not, so two traces' allocations come in the same order (batchmodel.py)
     tracker.track(workspace, untouched=untouched)
@@ -456,7 +460,7 @@ def _cudnn_rnn_backward_scratch(tracker: _Tracker, args: tuple, out: Any) -> Any
         tracker.track(t)
     # mkldnn_rnn_layer_backward(input, w0..w3, hx, cx, output, hy, cy, grad_output, grad_hy, grad_cy, reverse,
     #                           mode, hidden_size, num_layers, has_biases, ...)
-    _scratch_event(tracker, _cudnn_rnn_sizes(tracker, args[:7], hidden=args[15], mode=args[14], has_biases=args[17])[2])
+    tracker.scratch(_cudnn_rnn_sizes(tracker, args[:7], hidden=args[15], mode=args[14], has_biases=args[17])[2])
     return out
 
 
@@ -614,7 +618,7 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
                 peak = final = 0
         return max(0, peak - final)
 
-    _scratch_event(tracker, _probed_bytes(tracker, func, args, kwargs, copy, size))
+    tracker.scratch(_probed_bytes(tracker, func, args, kwargs, copy, size))
 
 
 def _probed_bytes(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy: bool, size: Callable[[], int]) -> int:
@@ -628,15 +632,6 @@ def _probed_bytes(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy:
     if key not in tracker.workspace_bytes:
         tracker.workspace_bytes[key] = size()
     return tracker.workspace_bytes[key]
-
-
-def _scratch_event(tracker: _Tracker, nbytes: int) -> None:
-    """A probed op's scratch, an allocation that dies at once, recorded for every candidate op even
-    where it is 0 bytes (the probe found none, or its inputs were past PROBE_INPUT_LIMIT): the
-    batch model matches two traces' allocations by their order (batchmodel.py), and a probe that
-    measures scratch at one batch size and none at the other (a limit crossed between them, a kernel
-    that copies only past some size) must not shift that order."""
-    tracker.scratch(nbytes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -697,7 +692,7 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: 
     n = _probed_bytes(tracker, func, args, kwargs, copy, size)
     for t in tree_flatten(out)[0]:
         tracker.track(t)
-    _scratch_event(tracker, n)
+    tracker.scratch(n)
     return out
 
 
