@@ -156,6 +156,10 @@ def _setup(req: ChildRequest, rank: int, local_rank: int) -> tuple[Any, list[str
     import torch
 
     c, notes, plan = req.config, [], None
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice > 0:  # e.g. a Ray cluster's worker without RAY_worker_niceness=0 (advisor.tune.driver._ray_env)
+        notes.append(f"this rank ran at niceness {nice}: any other work on the host took the CPU before it, "
+                     "so its figures may be low")
     if c.pinning != Pinning.none:
         from probes.pinning import apply_pinning, plan_pinning
 

@@ -39,4 +39,5 @@ def environment(device: str) -> Environment:
         cuda=torch.version.cuda if on_cuda else None,
         driver=_cuda_driver() if on_cuda else None,
         device_name=torch.cuda.get_device_name(torch.device(device)) if on_cuda else cpu,
+        niceness=os.getpriority(os.PRIO_PROCESS, 0),
     )

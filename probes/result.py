@@ -65,6 +65,8 @@ class Environment(BaseModel):
     cuda: str | None = None
     driver: str | None = None
     device_name: str
+    niceness: int | None = Field(default=None, description="The rank's scheduling niceness (0 unless lowered: a Ray "
+                                 "worker's is 15 unless the cluster sets RAY_worker_niceness=0); None: not recorded.")
 
 
 class TrialResult(BaseModel):

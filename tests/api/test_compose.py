@@ -28,6 +28,8 @@ EXTERNAL_ENV = {
     "RAY_AUTH_TOKEN": "ray",
     # Ray's usage statistics switch (`ray start` reads it; advisor.tune.driver sets the same default).
     "RAY_USAGE_STATS_ENABLED": "ray",
+    # The niceness a Ray node starts its workers at (Ray's default 15; advisor.tune.driver sets 0).
+    "RAY_worker_niceness": "ray",
 }
 # Values for the variables compose requires (${VAR:?...}) when a test interpolates the file.
 REQUIRED = {"ADVISOR_API_TOKEN": "api-token", "RAY_AUTH_TOKEN": "ray-token"}
@@ -206,6 +208,9 @@ def test_one_ray_cluster_with_trials_on_the_workers():
         values = {interpolate(environment(services[n]).get(key, ""), REQUIRED) for n in OURS}
         assert len(values) == 1, f"{key} differs between the Ray nodes: {values}"
     assert environment(services["api"])["RAY_AUTH_MODE"] == "token"
+    # The trials run in the worker node's workers: at Ray's default niceness (15) they would yield
+    # the CPU to everything else on the node and measure that.
+    assert environment(services["ray-worker"]).get("RAY_worker_niceness") == "0"
 
 
 def test_gpu_reservation_block_is_valid_once_uncommented():

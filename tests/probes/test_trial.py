@@ -61,6 +61,24 @@ def test_ok_trial_reports_every_figure():
     assert len(default_peaks().points(key)) == kept
 
 
+def test_a_rank_at_a_raised_niceness_records_it_and_says_its_figures_may_be_low(tmp_path):
+    # `advisor trial` under `nice`: its fork server, so every rank, inherits the niceness (as a Ray
+    # worker's trials inherit Ray's 15 where a cluster keeps that default)
+    import subprocess
+    import sys
+
+    nice = os.getpriority(os.PRIO_PROCESS, 0) + 3
+    cmd = [sys.executable, "-m", "advisor.cli", "trial", "-w", RECORDER, "-H", "cpu", "-a", f"out_dir={tmp_path}",
+           "--set", "batch_size=2", "--warmup-steps", "1", "--min-steps", "2", "--min-time", "0", "--no-estimate",
+           "--record-peak", "never", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.nice(3),
+                          env={**os.environ, "ADVISOR_DATA_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["status"] == "ok" and out["environment"]["niceness"] == nice
+    assert any(f"ran at niceness {nice}" in n for n in out["notes"]), out["notes"]
+
+
 def test_cpu_trial_keeps_a_fresh_process_peak_that_refines_the_estimate():
     # record_peak='auto' under a cap the trial's predicted peak is over 1/8 of: after the trial, one run of
     # DESIGN.md's protocol in a fresh process, kept as a measured peak that the next estimate of the
