@@ -87,8 +87,11 @@ def _seed_reference(storage, store, space, context, ctx: StudyContext, study, ba
         return
     fixed = optuna.trial.FixedTrial({k: v for k, v in base.model_dump(mode="json").items() if k in KNOBS})
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # FixedTrial warns of a value outside the space; checked below
-        config = suggest(space, fixed, context)
+        warnings.simplefilter("ignore")  # FixedTrial warns of a value outside a range; checked below
+        try:
+            config = suggest(space, fixed, context)
+        except ValueError:  # and raises for one outside a knob's choices (a space without the preset's batch)
+            return
     if config is None or config_hash(config) != config_hash(base) or \
             not all(contains(d, fixed.params[k]) for k, d in fixed.distributions.items()):
         return
