@@ -114,6 +114,7 @@ def main() -> int:
     parts.append(_section(RESULTS / "trials.md", "Measured trials", notes="trials"))  # bench/trial_bench.py
     parts.append(_section(RESULTS / "trials-cuda.md", "Measured trials on CUDA", notes="trials-cuda"))
     parts.append(_tuner())
+    parts.append(_section(RESULTS / "tune-load.md", "The tuner beside other work", notes="tune-load"))  # bench/tune_load.py
     parts.append(_section(RESULTS / "api_load.md", "HTTP API under load"))  # bench/api_load.py
     BENCHMARKS.write_text("\n".join(parts))
     print(BENCHMARKS)

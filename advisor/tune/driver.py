@@ -255,9 +255,10 @@ def _ray_env() -> None:
     os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "30")
     # Ray starts its workers at niceness 15, and the trials (the fork server, its ranks, their
     # DataLoader workers) inherit it: any other work on the host then takes the CPU first. On a busy
-    # 2-vCPU VM a trial's estimate took 34 s at 15 against 3.4 s at 0 (2 s of CPU either way), and the
-    # timed steps starve alike. A trial measures the machine, so it runs at the driver's niceness; read
-    # by the raylet this process starts (a joined cluster's nodes need it set where they start).
+    # 2-vCPU VM a trial's estimate took 34 s at 15 against 3.4 s at 0 (2 s of CPU either way); the
+    # timed steps, spoilt by other load at either niceness, scattered more at 15 (bench/tune_load.py).
+    # A trial measures the machine, so it runs at the driver's niceness; read by the raylet this
+    # process starts (a joined cluster's nodes need it set where they start).
     os.environ.setdefault("RAY_worker_niceness", "0")
 
 
