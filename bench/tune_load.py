@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 SPACE = ROOT / "bench" / "spaces" / "tune-load.yaml"
 # name, busy loops, RAY_worker_niceness
 SCENARIOS = [("quiet", 0, "0"), ("loaded, trials at niceness 0", None, "0"), ("loaded, trials at niceness 15", None, "15")]
@@ -51,7 +51,6 @@ def run_scenario(loops: int, niceness: str, trials: int) -> dict[str, Any]:
     if proc.returncode != 0:
         raise SystemExit(f"advisor tune failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     summary = json.loads(proc.stdout)
-    sys.path.insert(0, str(ROOT))
     from advisor.store import TrialQuery, open_store
 
     with open_store(db) as store:
@@ -87,6 +86,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from advisor.hardware.sysinfo import cpu_model_name
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--load", type=int, default=1, help="busy loops beside the loaded scenarios (default 1)")
     ap.add_argument("--trials", type=int, default=4, help="configurations per scenario (default 4: the whole grid)")
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     res: dict[str, Any] = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "load": args.load,
-                                    "trials": args.trials, "cpu": platform.processor() or _cpu(),
+                                    "trials": args.trials, "cpu": cpu_model_name(),
                                     "cpu_count": os.cpu_count(), "git": git},
                            "names": [], "scenarios": []}
     for name, loops, nice in SCENARIOS:
@@ -110,13 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.with_suffix(".md").write_text(md)
     print(md)
     return 0
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 if __name__ == "__main__":
