@@ -26,7 +26,9 @@ markdown file next to it (accuracy.md):
    front end, 3-D convolutions, checkpoint inside the model, EmbeddingBag, a diffusion block, a
    data-dependent mixture of experts, weight tying); with `--set fresh2`, on bench/workloads/fresh2.py's
    (a ConvNeXt CNN, a PointNet, a SimCLR-style contrastive model, an FT-Transformer on a dict batch),
-   written in session 37 before any estimate of them was seen.
+   written in session 37 before any estimate of them was seen; with `--set fresh3`, on
+   bench/workloads/fresh3.py's (a concatenating DenseNet, a shifted-window transformer, a NeRF-style
+   radiance field, a CTC speech model), written in session 46 before any estimate of them was seen.
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
@@ -133,9 +135,21 @@ FRESH2_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("tabular transformer (dict batch)", f"{_FRESH2}:ftt", {}, (64, 256)),
 ]
 
+# Workloads written in session 46 before any estimate of them was seen (bench/workloads/fresh3.py), for
+# `--set fresh3`: fresh2.py's were estimated in sessions 37-45. Sized by one measured run each (fp32 adamw,
+# session 46's Zen 3 VM, MiB at the two batches): densenet 402 / 1006, swin 880 / 2054, nerf 549 / 1752,
+# ctc 597 / 1927.
+_FRESH3 = "bench/workloads/fresh3.py"
+FRESH3_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("DenseNet (concatenating CNN)", f"{_FRESH3}:densenet", {}, (16, 64)),
+    WorkloadCase("shifted-window transformer", f"{_FRESH3}:swin", {}, (8, 32)),
+    WorkloadCase("radiance field (rays x samples)", f"{_FRESH3}:nerf", {}, (512, 2048)),
+    WorkloadCase("CTC speech (weight_norm, ctc_loss)", f"{_FRESH3}:ctc", {}, (8, 32)),
+]
+
 # The accuracy part's workload sets beside the presets' grid (`--set`): each is named by its path in the tree.
 SETS: dict[str, list[WorkloadCase]] = {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS,
-                                       "fresh2": FRESH2_WORKLOADS}
+                                       "fresh2": FRESH2_WORKLOADS, "fresh3": FRESH3_WORKLOADS}
 
 QUICK_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("MLP", "mlp", {}, (1024, 1024)),
@@ -877,8 +891,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", choices=("presets", *SETS), default="presets", help="the accuracy part's "
                     "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, "
                     "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, "
-                    "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's, "
-                    "written in session 37 before any estimate of them was seen")
+                    "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's "
+                    "and fresh3.py's, written in sessions 37 and 46 before any estimate of them was seen")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
     ap.add_argument("--precisions", default=None, help="comma-separated precisions to run (accuracy part: "
