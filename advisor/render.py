@@ -152,6 +152,8 @@ def trial_table(result) -> None:
             table.add_row("MFU", f"{result.mfu:.2%}")
         if result.compile_s is not None:
             table.add_row("compile", f"{result.compile_s:.1f} s")
+        if result.others_busy is not None:  # how quiet the machine was (probes/runner.py _settle)
+            table.add_row("CPU others took at start", f"{result.others_busy:.0%}")
         table.add_row("timed", f"{result.measured_steps} steps in {result.measured_s:.1f} s "
                                f"(warm-up {result.warmup_s:.1f} s, overhead {result.overhead_s:.1f} s)")
     console.print(table)

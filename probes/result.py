@@ -80,6 +80,10 @@ class TrialResult(BaseModel):
     hardware: str
     config: TrainingConfig
     samples_per_s: float | None = Field(default=None, description="Samples per second over the timed window, all ranks.")
+    others_busy: float | None = Field(default=None, ge=0, le=1, description="Share of the machine's CPU time other work "
+                                      "took just before the trial started (/proc/stat over 0.25 s, the last look of up "
+                                      "to settle_s waiting for quiet); over quiet_cpu_fraction, a note says its figures "
+                                      "may be several times low. None: not looked (settle_s 0).")
     tokens_per_s: float | None = Field(default=None, description="samples_per_s x tokens_per_sample, where the workload says.")
     step_time_s: StepTimes | None = None
     data_wait_fraction: float | None = Field(default=None, description="Share of the timed window spent waiting for batches.")

@@ -194,18 +194,23 @@ def _cpu_busy(interval_s: float = 0.25) -> float:
     return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
 
 
-def _settle(budget: TrialBudget) -> str | None:
+def _settle(budget: TrialBudget) -> tuple[str | None, float | None]:
     """Wait (up to budget.settle_s) for the machine to go quiet, so others' work does not slow the
-    measurement; a note when it never did."""
+    measurement: (a note when it never did, the share of the CPUs busy at the last look; None: not looked).
+    Busy is no small error: one busy loop beside a two-thread trial on a 2-vCPU VM cut its tokens/s to a
+    tenth (bench/notes/tune-load.md), as a thread that loses its core holds up the other at every region."""
     if budget.settle_s <= 0:
-        return None
+        return None, None
     deadline = time.monotonic() + budget.settle_s
     busy = _cpu_busy()
     while busy > budget.quiet_cpu_fraction and time.monotonic() < deadline:
         busy = _cpu_busy()
     if busy > budget.quiet_cpu_fraction:
-        return f"the machine was {busy:.0%} busy with other work when the trial started; its figures may be low"
-    return None
+        cpus = os.cpu_count() or 1
+        return (f"the machine was {busy:.0%} busy with other work ({busy * cpus:.1f} of its {cpus} CPUs) when the trial "
+                f"started, after waiting {budget.settle_s:g} s for quiet: its figures may be several times low (one busy "
+                "loop beside a two-thread trial cut its throughput tenfold in bench/tune_load.py)"), busy
+    return None, busy
 
 
 def _resolve(workload: str, workload_args: dict[str, Any], hardware: HardwareSpec | str, config: TrainingConfig | dict):
@@ -266,7 +271,8 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
         request_path = workdir / "request.json"
         request_path.write_text(req.model_dump_json())
         prediction, note = _estimate(workload, wargs, config, hw) if estimate else (None, None)
-        notes = [n for n in (note, _settle(budget)) if n]
+        busy_note, base["others_busy"] = _settle(budget)
+        notes = [n for n in (note, busy_note) if n]
         procs = _launch(request_path, config, workdir)
         try:
             outcome, peak_mem = _watch(procs, budget, t0)

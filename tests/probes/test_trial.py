@@ -79,6 +79,30 @@ def test_a_rank_at_a_raised_niceness_records_it_and_says_its_figures_may_be_low(
     assert any(f"ran at niceness {nice}" in n for n in out["notes"]), out["notes"]
 
 
+def test_a_trial_on_a_busy_machine_waits_for_quiet_then_records_how_busy_and_says_its_figures_may_be_low(tmp_path):
+    # one busy loop per CPU for the whole trial: the machine never goes quiet within settle_s, so the trial
+    # waits that long, then starts, records the share its neighbours took and says how far off it may be
+    import subprocess
+    import sys
+
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        res = trial(tmp_path, budget=QUICK.model_copy(update={"settle_s": 1.5}), batch_size=2)
+        waited = time.monotonic() - t0
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    assert res.status == TrialStatus.ok, res.error
+    assert res.others_busy is not None and res.others_busy > QUICK.quiet_cpu_fraction, res.others_busy
+    assert waited >= 1.5
+    busy = [n for n in res.notes if "busy with other work" in n]
+    assert busy and f"{res.others_busy:.0%} busy" in busy[0] and "several times low" in busy[0], res.notes
+    assert trial(tmp_path, batch_size=2).others_busy is None  # settle_s 0: not looked
+
+
 def test_cpu_trial_keeps_a_fresh_process_peak_that_refines_the_estimate():
     # record_peak='auto' under a cap the trial's predicted peak is over 1/8 of: after the trial, one run of
     # DESIGN.md's protocol in a fresh process, kept as a measured peak that the next estimate of the
