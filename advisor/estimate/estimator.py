@@ -137,6 +137,14 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
                      "counted: their size follows the algorithm cuDNN picks on the device itself, so only an "
                      "estimate on that GPU (--hardware local, calibrating) sizes them (on an H200 the presets' "
                      "convolution nets and LSTM reserved up to 1.9 times the estimate without them)")
+    if bm.trace_a.init_skipped:
+        notes.append(f"{wl.name}'s build reads its tensors' values, which fake tensors do not have (e.g. torch's "
+                     "nn.init.trunc_normal_, a rejection loop): traced with torch.nn.init's initializers skipped, as "
+                     "initial values change no memory")
+    if bm.trace_a.ctc_bounded:
+        notes.append("ctc_loss's target lengths are a tensor, whose values fake tensors do not have: its alpha and "
+                     "beta tables are sized for the longest target the targets' shape allows (exact where one is "
+                     "that long; more otherwise)")
     if bm.trace_a.probed_copies:
         where = "this machine's GPU" if bm.trace_a.sized_on == "cuda" else "this CPU"
         notes.append(f"{bm.trace_a.probed_copies} op shape(s) with strided inputs run once on zeros on {where}, for the "
