@@ -234,7 +234,7 @@ def _dispatch_mode(tracker: _Tracker):
                 return func(*args, **(kwargs or {}))
             kwargs = kwargs or {}
             ctc = func in ctc_ops and isinstance(args[0], FakeTensor)  # fake ops refuse it: its shape needs values
-            out = _ctc_fake(tracker, func, args, kwargs) if ctc else func(*args, **kwargs)
+            out = _ctc_fake(tracker, func, args) if ctc else func(*args, **kwargs)
             if type(out) is tuple:
                 out = _aliased_as_the_kernel(func, out)
             if ctc:  # its scratch is _ctc_fake's: no probe on zeros (whose lengths would size none)
@@ -278,7 +278,7 @@ def _dispatch_mode(tracker: _Tracker):
     return TrackingMode()
 
 
-def _ctc_fake(tracker: _Tracker, func: Any, args: tuple, kwargs: dict) -> Any:
+def _ctc_fake(tracker: _Tracker, func: Any, args: tuple) -> Any:
     """CTC loss on fake tensors, which refuse it: its alpha table (and backward's beta) holds 2 x the longest
     target + 1 entries per frame, and target lengths given as a tensor have no values here. Its kernels'
     allocations (ATen's LossCTC.cpp and .cu): forward, log_alpha (N, T, 2 x S + 1) and the per-sample loss;
@@ -287,11 +287,8 @@ def _ctc_fake(tracker: _Tracker, func: Any, args: tuple, kwargs: dict) -> Any:
     for concatenated 1-D targets their count capped at T (a longer target has no alignment). An
     overestimate where every target is shorter: by (S - longest) x 2 x N x T elements, on top of log_probs'
     own N x T x classes."""
-    import torch
-
-    bound = dict(zip(("log_probs", "targets", "input_lengths", "target_lengths"), args[1:5] if "backward" in
-                     func.name() else args[:4]))
-    log_probs, targets, lengths = bound["log_probs"], bound["targets"], bound["target_lengths"]
+    backward = "backward" in func.name()
+    log_probs, targets, _, lengths = args[1:5] if backward else args[:4]  # backward's first is the loss's grad
     if log_probs.dim() != 3:
         raise EstimateError(f"cannot trace ctc_loss on log_probs of {log_probs.dim()} dims on fake tensors")
     frames, batch = log_probs.shape[0], log_probs.shape[1]
@@ -300,7 +297,7 @@ def _ctc_fake(tracker: _Tracker, func: Any, args: tuple, kwargs: dict) -> Any:
     else:
         longest = targets.shape[1] if targets.dim() == 2 else min(targets.numel(), frames)
         tracker.ctc_bounded += 1
-    if "backward" not in func.name():
+    if not backward:
         return (log_probs.new_empty((batch,)), log_probs.new_empty((batch, frames, 2 * longest + 1)))
     grad = log_probs.new_empty(log_probs.shape)
     tracker.track(grad)

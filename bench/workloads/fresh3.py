@@ -26,6 +26,15 @@ def _gen(seed=0):
     return g
 
 
+def _images(image_size, classes):
+    """make_batch for the image classifiers: n RGB images and their labels."""
+    def make_batch(n):
+        g = _gen()
+        return torch.randn(n, 3, image_size, image_size, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+    return make_batch
+
+
 # ---------------------------------------------------------------------------------------------------------
 # DenseNet-BC
 
@@ -73,15 +82,11 @@ def densenet(batch_size: int = 16, image_size: int = 64, growth: int = 32, block
                    nn.Linear(ch, classes)]
         return nn.Sequential(*layers)
 
-    def make_batch(n):
-        g = _gen()
-        return torch.randn(n, 3, image_size, image_size, generator=g), torch.randint(0, classes, (n,), generator=g)
-
     def loss_fn(model, batch):
         x, y = batch
         return F.cross_entropy(model(x), y)
 
-    return Workload(name="densenet", build_model=build_model, make_batch=make_batch, loss_fn=loss_fn,
+    return Workload(name="densenet", build_model=build_model, make_batch=_images(image_size, classes), loss_fn=loss_fn,
                     default_batch_size=batch_size, conv_net=True)
 
 
@@ -192,16 +197,12 @@ class _Swin(nn.Module):
 
 def swin(batch_size: int = 16, image_size: int = 128, patch: int = 4, dim: int = 96, depths: tuple = (2, 2, 6, 2),
          heads: tuple = (3, 6, 12, 24), window: int = 8, classes: int = 100):
-    def make_batch(n):
-        g = _gen()
-        return torch.randn(n, 3, image_size, image_size, generator=g), torch.randint(0, classes, (n,), generator=g)
-
     def loss_fn(model, batch):
         x, y = batch
         return F.cross_entropy(model(x), y, label_smoothing=0.1)
 
     return Workload(name="swin", build_model=lambda: _Swin(image_size, patch, dim, depths, heads, window, classes),
-                    make_batch=make_batch, loss_fn=loss_fn, default_batch_size=batch_size)
+                    make_batch=_images(image_size, classes), loss_fn=loss_fn, default_batch_size=batch_size)
 
 
 # ---------------------------------------------------------------------------------------------------------
