@@ -84,6 +84,8 @@ def _build_parser() -> argparse.ArgumentParser:
     trial.add_argument("--warmup-steps", type=_positive_int, default=3)
     trial.add_argument("--min-steps", type=_positive_int, default=10)
     trial.add_argument("--min-time", type=float, default=2.0, help="seconds timed at least (default 2)")
+    trial.add_argument("--settle", type=float, default=5.0, metavar="S",
+                       help="wait up to S seconds for the machine to go quiet before starting (default 5; 0: at once)")
     trial.add_argument("--no-estimate", action="store_true", help="skip the estimator's prediction")
     trial.add_argument("--record-peak", choices=("auto", "always", "never"), default="auto",
                        help="CPU: after the trial, run DESIGN.md's peak protocol once in a fresh process and keep it as "
@@ -160,6 +162,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _cmd_trial(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from advisor.errors import invalid_input
     from advisor.render import parse_bytes, trial_table
     from advisor.workload import parse_workload_args
     from probes.config import TrialBudget
@@ -169,9 +174,12 @@ def _cmd_trial(args: argparse.Namespace) -> int:
     knobs = parse_workload_args(args.knobs, flag="--set")
     try:
         budget = TrialBudget(warmup_steps=args.warmup_steps, min_steps=args.min_steps, min_time_s=args.min_time,
-                             timeout_s=args.timeout, record_peak=args.record_peak,
+                             timeout_s=args.timeout, record_peak=args.record_peak, settle_s=args.settle,
                              memory_cap_bytes=parse_bytes(args.memory_cap) if args.memory_cap else None)
-    except ValueError as exc:
+    except ValidationError as exc:
+        raise invalid_input(exc, {"min_time_s": "--min-time", "timeout_s": "--timeout", "settle_s": "--settle",
+                                  "warmup_steps": "--warmup-steps", "min_steps": "--min-steps"}) from exc
+    except ValueError as exc:  # --memory-cap that is not a size
         raise SpecError(str(exc).splitlines()[-1]) from exc
     from rich.console import Console
 

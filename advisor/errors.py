@@ -29,3 +29,13 @@ class TrialError(AdvisorError):
 
 class StoreError(AdvisorError):
     """The result store is unreachable, locked or corrupted."""
+
+
+def invalid_input(exc: Exception, flags: dict[str, str] | None = None) -> SpecError:
+    """One line from pydantic's ValidationError `exc`: its first error's field, named by the CLI flag
+    `flags` maps it to where there is one, and what is allowed (pydantic's message)."""
+    err = exc.errors()[0]  # type: ignore[attr-defined] - a pydantic ValidationError
+    field = ".".join(map(str, err["loc"]))
+    where = (flags or {}).get(field, field)
+    msg = err["msg"].removeprefix("Value error, ")
+    return SpecError(f"{where}: {msg}" if where else msg)

@@ -116,6 +116,12 @@ def test_zero_batch_size_is_one_line() -> None:
     assert "--batch-size" in line and "positive" in line
 
 
+@pytest.mark.parametrize("command", ["trial", "tune"])
+def test_a_negative_settle_wait_is_one_line_naming_the_flag(command: str) -> None:
+    line = assert_one_line_usage_error(advisor(command, "-w", "tiny-mlp", "-H", "cpu", "--settle", "-1"))
+    assert "--settle" in line and "greater than or equal to 0" in line
+
+
 def test_unknown_precision_is_one_line_listing_allowed() -> None:
     line = assert_one_line_usage_error(advisor("estimate", "-w", "tiny-mlp", "-H", "cpu", "--precision", "fp64"))
     assert "fp64" in line

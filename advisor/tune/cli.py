@@ -33,13 +33,16 @@ def add_parser(sub: argparse._SubParsersAction, add_workload_args, positive_int)
     p.add_argument("--min-time", type=float, default=2.0, metavar="S", help="seconds timed per trial at least (default 2)")
     p.add_argument("--min-steps", type=positive_int, default=5, help="timed steps per trial at least (default 5)")
     p.add_argument("--trial-timeout", type=float, default=300.0, metavar="S", help="a trial is killed after S seconds")
+    p.add_argument("--settle", type=float, default=5.0, metavar="S",
+                   help="wait up to S seconds before each trial for the machine to go quiet (default 5; 0: start at once, "
+                        "on a machine you know is busy and accept figures that may be low)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 def _request(args: argparse.Namespace):
     from pydantic import ValidationError
 
-    from advisor.errors import SpecError
+    from advisor.errors import invalid_input
     from advisor.tune.request import TuneRequest
     from advisor.workload import parse_workload_args
     from probes.config import TrialBudget
@@ -47,7 +50,7 @@ def _request(args: argparse.Namespace):
 
     try:
         budget = TrialBudget(warmup_steps=2, min_steps=args.min_steps, min_time_s=args.min_time,
-                             timeout_s=args.trial_timeout)
+                             timeout_s=args.trial_timeout, settle_s=args.settle)
         return TuneRequest(workload=args.workload, workload_args=parse_workload_args(args.workload_arg),
                            hardware=args.hardware, space=args.space, fixes=parse_fixes(args.fix),
                            objective=args.objective, global_batch_size=args.global_batch_size, sampler=args.sampler,
@@ -55,8 +58,7 @@ def _request(args: argparse.Namespace):
                            study=args.study, db=args.db, ray_address=args.ray_address, remeasure=args.remeasure,
                            trial_budget=budget)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise SpecError(f"{'.'.join(map(str, err['loc'])) or 'tune'}: {err['msg'].removeprefix('Value error, ')}") from exc
+        raise invalid_input(exc, {"min_time_s": "--min-time", "timeout_s": "--trial-timeout", "settle_s": "--settle"}) from exc
 
 
 def _describe(config_json: str | None) -> str:

@@ -70,13 +70,14 @@ def test_a_rank_at_a_raised_niceness_records_it_and_says_its_figures_may_be_low(
     nice = os.getpriority(os.PRIO_PROCESS, 0) + 3
     cmd = [sys.executable, "-m", "advisor.cli", "trial", "-w", RECORDER, "-H", "cpu", "-a", f"out_dir={tmp_path}",
            "--set", "batch_size=2", "--warmup-steps", "1", "--min-steps", "2", "--min-time", "0", "--no-estimate",
-           "--record-peak", "never", "--json"]
+           "--record-peak", "never", "--settle", "0", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.nice(3),
                           env={**os.environ, "ADVISOR_DATA_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["status"] == "ok" and out["environment"]["niceness"] == nice
     assert any(f"ran at niceness {nice}" in n for n in out["notes"]), out["notes"]
+    assert out["others_busy"] is None  # --settle 0: started at once, the machine's load not looked at
 
 
 def test_a_trial_on_a_busy_machine_waits_for_quiet_then_records_how_busy_and_says_its_figures_may_be_low(tmp_path):

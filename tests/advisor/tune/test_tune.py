@@ -20,7 +20,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 SPACE = str(HERE / "space.yaml")
 RECORDER = f"{ROOT / 'tests' / 'probes' / 'recorder.py'}:build"
-FAST = ["--min-time", "0.3", "--min-steps", "3", "--trial-timeout", "120"]
+# No wait for quiet before each trial (--settle 0): the suite's other worker keeps the machine busy, so
+# each would wait the whole 5 s, and these tests check what is measured and stored, not its speed.
+FAST = ["--min-time", "0.3", "--min-steps", "3", "--trial-timeout", "120", "--settle", "0"]
 
 
 @pytest.fixture
@@ -68,6 +70,7 @@ def test_tune_measures_stores_and_resumes(data_dir):
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     assert [r.result.environment.niceness for r in records] == [mine] * 3
     assert not any("niceness" in n for r in records for n in r.result.notes)
+    assert all(r.result.others_busy is None for r in records)  # --settle 0: the machine's load not looked at
     import optuna  # the sampler's study lives in the same database
 
     def screens():
@@ -85,9 +88,12 @@ def test_tune_measures_stores_and_resumes(data_dir):
     again = run_tune(data_dir, db, "--trials", "3")  # same arguments: the same study, nothing to run
     assert again["study_id"] == first["study_id"] and again["stats"]["resumed_from"] == 3
     assert len(stored(db)) == 3
-    more = run_tune(data_dir, db, "--trials", "4")  # a bigger budget continues it: one new configuration
+    # a bigger budget continues it: one new configuration (the wait for quiet is no part of the study)
+    more = run_tune(data_dir, db, "--trials", "4", "--settle", "0.5")
     assert more["study_id"] == first["study_id"] and more["statuses"] == {"ok": 4}
     assert len({r.config_hash for r in stored(db)}) == 4
+    (new,) = [r for r in stored(db) if r.result.others_busy is not None]  # it looked, before the new trial only
+    assert 0 <= new.result.others_busy <= 1
     # the resumed screen goes on with the next knob (batch 8 -> 4) unless TPE's draw in the first
     # run measured that already; the reference is not added twice
     study, screened = screens()
