@@ -20,22 +20,6 @@ _DATA_DIR = tempfile.mkdtemp(prefix="advtest-")
 os.environ["ADVISOR_DATA_DIR"] = _DATA_DIR
 
 
-# The files that take longest (one to six minutes each on a 2-vCPU VM: CI's `--durations`) are collected
-# first. `make test`'s two workers take whole files in collection order (--dist loadfile), so the long ones
-# start at once and the many short ones fill in around them, instead of one worker running a long file
-# alone at the end while the other sits idle (a 2-vCPU Zen 4 VM, 2026-11-29: 903 s for 1605 s of tests).
-_LONG_FIRST = ("advisor/test_calibrate.py", "advisor/tune/test_tune.py", "advisor/test_estimate.py", "api/test_jobs.py",
-               "probes/test_parallel.py", "probes/test_trial.py", "advisor/test_heaplog.py")
-
-
-def pytest_collection_modifyitems(session, config, items):  # noqa: ANN001, ARG001 - pytest's hook
-    def rank(item: pytest.Item) -> int:
-        path = item.nodeid.partition("::")[0].removeprefix("tests/")
-        return _LONG_FIRST.index(path) if path in _LONG_FIRST else len(_LONG_FIRST)
-
-    items.sort(key=rank)  # stable: each file's tests keep their order, and the other files theirs
-
-
 def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ARG001 - pytest's hook
     shutil.rmtree(_DATA_DIR, ignore_errors=True)
 
