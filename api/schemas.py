@@ -110,9 +110,9 @@ class TuneJobRequest(WorkloadRef):
     remeasure: bool = False
     min_time_s: float = Field(default=2.0, gt=0, le=600, description="Seconds each trial is timed at least.")
     trial_timeout_s: float = Field(default=300.0, gt=0, le=86400, description="A trial is killed after this long.")
-    settle_s: float = Field(default=5.0, ge=0, le=600, description="Seconds each trial waits at most for the machine to "
-                            "go quiet before it starts (0: at once, without looking; where it is still busy after the wait, the trial's notes "
-                            "say so).")
+    settle_s: float = Field(default=5.0, ge=0, le=600, description="Seconds each trial waits at most for the machine "
+                            "to go quiet before it starts (0: at once, without looking; where it is still busy after "
+                            "the wait, the trial's notes say so).")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"workload": "tiny-gpt2", "workload_args": {"seq_len": 128}, "hardware": "cpu", "space": "quick", "trials": 6,

@@ -21,7 +21,7 @@ ROOT = HERE.parents[2]
 SPACE = str(HERE / "space.yaml")
 RECORDER = f"{ROOT / 'tests' / 'probes' / 'recorder.py'}:build"
 # No wait for quiet before each trial (--settle 0): the suite's other worker keeps the machine busy, so
-# each would wait the whole 5 s, and these tests check what is measured and stored, not its speed.
+# each could wait up to the whole 5 s, and these tests check what is measured and stored, not its speed.
 FAST = ["--min-time", "0.3", "--min-steps", "3", "--trial-timeout", "120", "--settle", "0"]
 
 
