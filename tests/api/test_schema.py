@@ -37,7 +37,9 @@ def test_every_operation_answers_within_its_schema_and_never_5xx(sqlite_url):
         @settings(max_examples=HEAVY_EXAMPLES if operation.label in HEAVY else EXAMPLES, deadline=None,
                   suppress_health_check=list(HealthCheck), database=None)
         def check(case):  # noqa: ANN001
-            case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"}, excluded_checks=[SEMANTIC])
+            # 60 s, not schemathesis's 10 s: an estimate of gpt2-small on h100-sxm (a schema example) takes 9-11 s
+            # on a Zen 3 VM, and a CI run there failed on the read timeout; this checks answers, not speed
+            case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"}, excluded_checks=[SEMANTIC], timeout=60)
 
         check()
     assert len(seen) >= 13, seen
