@@ -147,6 +147,12 @@ class ForkServer:
             self.dead = True
             self.cond.notify_all()
 
+    def wait_ready(self, timeout: float = 120.0) -> bool:
+        """Block until the server has imported PRELOAD (True), or died or `timeout` passed (False)."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.ready or self.dead, timeout)
+            return self.ready and self.alive()
+
     def alive(self) -> bool:
         return self.proc.poll() is None and not self.dead
 

@@ -270,7 +270,11 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
                            inductor_cache_dir=str(data_dir / "inductor") if config.compile_mode != CompileMode.none else None)
         request_path = workdir / "request.json"
         request_path.write_text(req.model_dump_json())
+        from probes.forkserver import get_server
+
+        server = get_server()  # its imports (seconds) start now, beside the estimate, where a second core takes them
         prediction, note = _estimate(workload, wargs, config, hw) if estimate else (None, None)
+        server.wait_ready()  # before the look for quiet, which would count its imports as others' work
         busy_note, base["others_busy"] = _settle(budget)
         notes = [n for n in (note, busy_note) if n]
         procs = _launch(request_path, config, workdir)
