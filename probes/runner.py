@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from advisor.errors import AdvisorError, SpecError
+from advisor.errors import AdvisorError, SpecError, invalid_input
 from advisor.hardware.spec import HardwareSpec
 from probes.child import ChildReport, ChildRequest
 from probes.config import CompileMode, TrainingConfig, TrialBudget, inapplicable, trial_hardware
@@ -235,10 +235,7 @@ def config_from_dict(values: dict[str, Any], *, device: str) -> TrainingConfig:
     try:
         return TrainingConfig(**{"device": device, **values})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        msg = first["msg"].removeprefix("Value error, ")
-        raise SpecError(f"{where}: {msg}" if first["loc"] else msg) from exc
+        raise invalid_input(exc) from exc
 
 
 def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: HardwareSpec | str = "local",
