@@ -28,7 +28,9 @@ markdown file next to it (accuracy.md):
    (a ConvNeXt CNN, a PointNet, a SimCLR-style contrastive model, an FT-Transformer on a dict batch),
    written in session 37 before any estimate of them was seen; with `--set fresh3`, on
    bench/workloads/fresh3.py's (a concatenating DenseNet, a shifted-window transformer, a NeRF-style
-   radiance field, a CTC speech model), written in session 46 before any estimate of them was seen.
+   radiance field, a CTC speech model), written in session 46 before any estimate of them was seen; with
+   `--set fresh4`, on bench/workloads/fresh4.py's (a Perceiver, a WaveNet, a spatial transformer, a BiLSTM
+   tagger over packed sequences), written in session 48 before any estimate of them was seen.
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
@@ -147,9 +149,22 @@ FRESH3_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("CTC speech (weight_norm, ctc_loss)", f"{_FRESH3}:ctc", {}, (8, 32)),
 ]
 
+# Workloads written in session 48 before any estimate of them was seen (bench/workloads/fresh4.py), for
+# `--set fresh4`: fresh3.py's were estimated in sessions 46-47. Sized by one measured run each (fp32 adamw,
+# session 48's Intel VM, MiB at the batches tried): perceiver 1861 at 8 / 5639 at 32, wavenet 675 / 2205 at
+# 4 / 16, stn 961 / 2748 at 32 / 128, tagger 749 / 1349 at 32 / 128 (91 s for the 3 steps at 128).
+_FRESH4 = "bench/workloads/fresh4.py"
+FRESH4_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("Perceiver (latent cross-attention, SDPA)", f"{_FRESH4}:perceiver", {}, (4, 12)),
+    WorkloadCase("WaveNet (dilated causal conv1d)", f"{_FRESH4}:wavenet", {}, (4, 16)),
+    WorkloadCase("spatial transformer (grid_sample)", f"{_FRESH4}:stn", {}, (16, 64)),
+    WorkloadCase("BiLSTM tagger (packed sequences)", f"{_FRESH4}:tagger", {}, (16, 48)),
+]
+
 # The accuracy part's workload sets beside the presets' grid (`--set`): each is named by its path in the tree.
 SETS: dict[str, list[WorkloadCase]] = {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS,
-                                       "fresh2": FRESH2_WORKLOADS, "fresh3": FRESH3_WORKLOADS}
+                                       "fresh2": FRESH2_WORKLOADS, "fresh3": FRESH3_WORKLOADS,
+                                       "fresh4": FRESH4_WORKLOADS}
 
 QUICK_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("MLP", "mlp", {}, (1024, 1024)),
@@ -891,8 +906,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", choices=("presets", *SETS), default="presets", help="the accuracy part's "
                     "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, "
                     "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, "
-                    "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's "
-                    "and fresh3.py's, written in sessions 37 and 46 before any estimate of them was seen")
+                    "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's, "
+                    "fresh3.py's and fresh4.py's, written in sessions 37, 46 and 48 before any estimate of them was seen")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
     ap.add_argument("--precisions", default=None, help="comma-separated precisions to run (accuracy part: "
