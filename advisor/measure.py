@@ -164,15 +164,30 @@ def _run(req: MeasureRequest) -> MeasureResult:
     return MeasureResult(request=req, alloc_peak_bytes=replay_memory_events(prof)[0], seconds=time.perf_counter() - t0)
 
 
-def measure(req: MeasureRequest, timeout_s: float = 600.0) -> MeasureResult:
-    """Run `req` in a fresh Python process and return its measurement."""
-    cmd = [sys.executable, "-m", "advisor.measure", req.model_dump_json()]
+def child_env(req: MeasureRequest, beside_another: bool = False) -> dict[str, str]:
+    """The environment of `req`'s fresh process: glibc's thresholds (procmem.malloc_env), the heap logger's
+    preload where `req` logs its heap, and, `beside_another` (another measurement runs at the same time on
+    this host's cores, as the calibration's go two at once, each with torch's default thread count: more
+    threads than cores), OpenMP threads that wait passively (OMP_WAIT_POLICY=PASSIVE, where no policy was
+    set). libgomp's default spins at every barrier, and a spinning thread burns the core that the thread it
+    waits on, in the other process, needs. The policy allocates nothing; the time differs: a BiLSTM tagger over
+    packed sequences (bench/workloads/fresh4.py:tagger, its LSTM stepped one time step at a time: many
+    small ops) took 88 s to trace at batch 8 on a 2-core VM beside two other runs, 22 s with passive waits."""
     env = malloc_env(req.mmap_threshold)
     if req.heap_log is not None and req.mode == "rss":
         from advisor.estimate import heaplog
 
         if heaplog.tools() is not None:
             env = heaplog.run_env(req.heap_log, env)
+    if beside_another:
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def measure(req: MeasureRequest, timeout_s: float = 600.0, *, beside_another: bool = False) -> MeasureResult:
+    """Run `req` in a fresh Python process (its environment: `child_env`) and return its measurement."""
+    cmd = [sys.executable, "-m", "advisor.measure", req.model_dump_json()]
+    env = child_env(req, beside_another)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired as exc:

@@ -271,8 +271,9 @@ def _rss_point(r: MeasureResult) -> Run:
 
 
 def _run_parallel(jobs: dict[Any, MeasureRequest]) -> dict[Any, MeasureResult]:
+    """Two at a time, each told so (`measure`'s beside_another)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {k: pool.submit(measure, j) for k, j in jobs.items()}
+        futures = {k: pool.submit(measure, j, beside_another=len(jobs) > 1) for k, j in jobs.items()}
         return {k: f.result() for k, f in futures.items()}
 
 

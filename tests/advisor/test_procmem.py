@@ -66,3 +66,14 @@ def test_malloc_env_fixes_glibcs_mmap_threshold_in_the_child_and_none_leaves_its
     assert mapped(1 << 20) == 1  # over a fixed 1 MiB threshold: mapped on its own
     assert mapped(None) == 1  # glibc's default starts at 128 KiB (the user's 32 MiB dropped)
     assert "MALLOC_MMAP_THRESHOLD_" not in malloc_env(None)
+
+
+def test_measurements_run_two_at_a_time_wait_passively_unless_the_user_chose_a_policy(monkeypatch):
+    from advisor.measure import child_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    req = MeasureRequest(workload="tiny-mlp", batch_size=8, mode="trace", trace_path="t.npz")
+    assert child_env(req, beside_another=True)["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in child_env(req)  # alone, as the user's run: libgomp's default
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert child_env(req, beside_another=True)["OMP_WAIT_POLICY"] == "ACTIVE"
