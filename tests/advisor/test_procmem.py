@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from advisor.measure import MeasureRequest, measure
+from advisor.measure import MeasureRequest, child_env, measure
 from advisor.procmem import MMAP_THRESHOLD_MAX, current_rss, malloc_env, mark_peak, peak_rss
 
 MB = 2**20
@@ -69,8 +69,6 @@ def test_malloc_env_fixes_glibcs_mmap_threshold_in_the_child_and_none_leaves_its
 
 
 def test_measurements_run_two_at_a_time_wait_passively_unless_the_user_chose_a_policy(monkeypatch):
-    from advisor.measure import child_env
-
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     req = MeasureRequest(workload="tiny-mlp", batch_size=8, mode="trace", trace_path="t.npz")
     assert child_env(req, beside_another=True)["OMP_WAIT_POLICY"] == "PASSIVE"
