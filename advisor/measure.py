@@ -4,7 +4,8 @@
 optimizer has stepped `steps` >= 2 times (the kernel's high-water mark, reset just before the build:
 ru_maxrss would carry over the launching process's memory, see advisor/procmem.py). `alloc` mode: the exact peak of live tensor
 bytes, from the profiler's [memory] events replayed in order. The two are separate runs because
-the profiler's own buffers would inflate the resident set. `trace` mode runs the estimator's
+the profiler's own buffers would inflate the resident set; it runs under a fixed glibc mmap threshold
+(PROFILED_MMAP_THRESHOLD). `trace` mode runs the estimator's
 tracer on real tensors and writes its allocation log to a file (for calibration). `cuda` mode
 runs the steps on the GPU and reports max_memory_allocated / max_memory_reserved.
 
@@ -24,6 +25,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.config import OptimizerKind, Precision
 from advisor.errors import TrialError
 from advisor.procmem import MMAP_THRESHOLD_MAX, current_rss, malloc_env, mark_peak, peak_rss
+
+
+# glibc's mmap threshold in `alloc` mode (bytes; the live tensor bytes it measures do not depend on it).
+# Under glibc's dynamic default the profiled run's heap grew with the batch: a BiLSTM tagger over packed
+# sequences (bench/workloads/fresh4.py:tagger, ~97,000 profiled ops a step) peaked at 7.4 GB resident at
+# batch 4 and 23.1 GB at batch 24 (an unprofiled step at 4: 0.5 GB), where the same runs with the threshold
+# fixed at 1 MiB peaked at 1.2 GB at both, faster (17.3 -> 11.4 s and 43 -> 22 s); resnet18 b16 and
+# gpt2-small b4 alike within 1.2 s (1.41 -> 0.94 and 7.6 -> 6.7 GB). The dynamic threshold rises to the
+# largest mapped chunk freed, after which the step's tensors come from the heap, between the profiler's
+# records, and its freed chunks stay resident. 64 KiB bounds it as well and is slower (27 s at 24).
+PROFILED_MMAP_THRESHOLD = 1 << 20
 
 
 class MeasureRequest(BaseModel):
@@ -48,6 +60,10 @@ class MeasureRequest(BaseModel):
     heap_log: str | None = Field(
         default=None, description="mode 'rss': a file to log every allocation and free of the build and steps to "
         "(advisor.estimate.heaplog), where its logger could be built here; the log is not counted in the resident set.")
+    memory_cap_bytes: int | None = Field(
+        default=None, gt=0, description="A ceiling on the run's private writable memory (RLIMIT_DATA, bytes): a run "
+        "that would outgrow it fails with a message, where without it the host's OOM killer picks a process to kill "
+        "(not always this one); None: no ceiling.")
 
 
 class MeasureResult(BaseModel):
@@ -165,7 +181,8 @@ def _run(req: MeasureRequest) -> MeasureResult:
 
 
 def child_env(req: MeasureRequest, beside_another: bool = False) -> dict[str, str]:
-    """The environment of `req`'s fresh process: glibc's thresholds (procmem.malloc_env), the heap logger's
+    """The environment of `req`'s fresh process: glibc's thresholds (procmem.malloc_env; in `alloc` mode
+    PROFILED_MMAP_THRESHOLD where the request fixes none), the heap logger's
     preload where `req` logs its heap, and, `beside_another` (another measurement runs at the same time on
     this host's cores, as the calibration's go two at once, each with torch's default thread count: more
     threads than cores), OpenMP threads that wait passively (OMP_WAIT_POLICY=PASSIVE, where no policy was
@@ -173,7 +190,7 @@ def child_env(req: MeasureRequest, beside_another: bool = False) -> dict[str, st
     waits on, in the other process, needs. The policy allocates nothing; the time differs: a BiLSTM tagger over
     packed sequences (bench/workloads/fresh4.py:tagger, its LSTM stepped one time step at a time: many
     small ops) took 88 s to trace at batch 8 on a 2-core VM beside two other runs, 22 s with passive waits."""
-    env = malloc_env(req.mmap_threshold)
+    env = malloc_env(req.mmap_threshold or (PROFILED_MMAP_THRESHOLD if req.mode == "alloc" else None))
     if req.heap_log is not None and req.mode == "rss":
         from advisor.estimate import heaplog
 
@@ -198,6 +215,25 @@ def measure(req: MeasureRequest, timeout_s: float = 600.0, *, beside_another: bo
     return MeasureResult.model_validate_json(proc.stdout.strip().splitlines()[-1])
 
 
-if __name__ == "__main__":
-    result = _run(MeasureRequest.model_validate_json(sys.argv[1]))
+def _main(req: MeasureRequest) -> int:
+    """Run `req` under its memory cap; print its result (stdout) or, where it outgrew the cap, one line
+    saying so (stderr, exit 3)."""
+    if req.memory_cap_bytes is not None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (req.memory_cap_bytes, req.memory_cap_bytes))
+    try:
+        result = _run(req)
+    except (MemoryError, RuntimeError) as exc:
+        # torch's CPU allocator raises RuntimeError "... can't allocate memory ..." where malloc fails
+        if req.memory_cap_bytes is None or not (isinstance(exc, MemoryError) or "allocate memory" in str(exc)):
+            raise
+        print(f"it outgrew its memory cap of {req.memory_cap_bytes / 1e9:.2f} GB ({str(exc).splitlines()[0][:200]})",
+              file=sys.stderr)
+        return 3
     print(result.model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(MeasureRequest.model_validate_json(sys.argv[1])))

@@ -30,6 +30,19 @@ def malloc_env(mmap_threshold: int | None) -> dict[str, str]:
     return env
 
 
+def available_bytes() -> int | None:
+    """Memory the kernel says can be given to new work without swapping (MemAvailable, bytes), or None where
+    /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def current_rss() -> int:
     """Resident set now (bytes)."""
     try:

@@ -33,6 +33,7 @@ from advisor.estimate.strategy import (MMAP_FROM_BYTES, MMAP_THRESHOLD_MAX, mmap
                                        persistent_transient, resident_terms, scaled_curve)
 from advisor.estimate.trace import ACTIVATIONS, INPUTS, Trace, load_trace
 from advisor.measure import MeasureRequest, MeasureResult, measure
+from advisor.procmem import available_bytes
 
 # One resident-set run, or measured peak: (batch size, resident-set increase in bytes, the glibc mmap
 # threshold it fixed (bytes; `run_mmap_threshold`), or None where glibc's dynamic default ran).
@@ -271,9 +272,17 @@ def _rss_point(r: MeasureResult) -> Run:
 
 
 def _run_parallel(jobs: dict[Any, MeasureRequest]) -> dict[Any, MeasureResult]:
-    """Two at a time, each told so (`measure`'s beside_another)."""
+    """Two at a time, each told so (`measure`'s beside_another) and capped at its share of the memory this
+    host has available now (`MeasureRequest.memory_cap_bytes`, where a job sets none): a run that outgrows
+    it fails, and the estimate says it is not calibrated, where the OOM killer would have taken what it
+    chose (session 48: the profiled run of a BiLSTM tagger at batch 24 grew to 23 GB and was killed)."""
+    at_once = min(2, len(jobs))
+    available = available_bytes()
+    if available is not None:
+        jobs = {k: j if j.memory_cap_bytes is not None else j.model_copy(update={"memory_cap_bytes": available // at_once})
+                for k, j in jobs.items()}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {k: pool.submit(measure, j, beside_another=len(jobs) > 1) for k, j in jobs.items()}
+        futures = {k: pool.submit(measure, j, beside_another=at_once > 1) for k, j in jobs.items()}
         return {k: f.result() for k, f in futures.items()}
 
 

@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
-from advisor.measure import MeasureRequest, child_env, measure
-from advisor.procmem import MMAP_THRESHOLD_MAX, current_rss, malloc_env, mark_peak, peak_rss
+from advisor.errors import TrialError
+from advisor.estimate.calibrate import _run_parallel
+from advisor.measure import PROFILED_MMAP_THRESHOLD, MeasureRequest, child_env, measure
+from advisor.procmem import MMAP_THRESHOLD_MAX, available_bytes, current_rss, malloc_env, mark_peak, peak_rss
 
 MB = 2**20
 
@@ -75,3 +77,25 @@ def test_measurements_run_two_at_a_time_wait_passively_unless_the_user_chose_a_p
     assert "OMP_WAIT_POLICY" not in child_env(req)  # alone, as the user's run: libgomp's default
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert child_env(req, beside_another=True)["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_the_profiled_run_fixes_glibcs_mmap_threshold_and_the_others_keep_the_users():
+    # the profiled run's heap grew with the batch under glibc's dynamic threshold (measure.PROFILED_MMAP_THRESHOLD)
+    alloc = MeasureRequest(workload="tiny-mlp", batch_size=8, mode="alloc")
+    assert child_env(alloc)["MALLOC_MMAP_THRESHOLD_"] == str(PROFILED_MMAP_THRESHOLD)
+    assert child_env(alloc.model_copy(update={"mmap_threshold": 4 << 20}))["MALLOC_MMAP_THRESHOLD_"] == str(4 << 20)
+    assert "MALLOC_MMAP_THRESHOLD_" not in child_env(MeasureRequest(workload="tiny-mlp", batch_size=8, mode="rss"))
+
+
+def test_a_run_that_outgrows_its_memory_cap_fails_with_a_message_and_the_calibrations_runs_are_capped():
+    # tiny-mlp at 200,000 samples takes ~1.1 GB over its baseline; under a 0.7 GB cap its allocation fails
+    big = MeasureRequest(workload="tiny-mlp", batch_size=200_000, mode="rss", memory_cap_bytes=700_000_000)
+    with pytest.raises(TrialError, match=r"outgrew its memory cap of 0\.70 GB .*allocate"):
+        measure(big)
+    available = available_bytes()
+    assert available is not None and available > 0
+    jobs = {b: MeasureRequest(workload="tiny-mlp", batch_size=b, mode="rss") for b in (4, 8)}
+    done = _run_parallel(jobs)  # two at once: each capped at half of what this host has available
+    for r in done.values():
+        assert 0 < r.request.memory_cap_bytes <= available // 2 * 1.1 + 2**30, r.request.memory_cap_bytes
+        assert r.rss_delta_bytes > 0  # and the runs themselves, far under it, went on
