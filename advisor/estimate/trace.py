@@ -75,6 +75,10 @@ class Trace:
     # (events,) int64, signed as `sizes`: the bytes of each allocation its kernel never writes (pages
     # that stay out of the resident set, e.g. the unused part of oneDNN's RNN workspace); None: all
     untouched: np.ndarray | None = None
+    # (events,) int64: the phase each event falls in, counted from 0 (the build), then each step's batch, forward,
+    # backward, step and done in turn: the same sequence at any batch, so traces whose allocations differ are
+    # still matched moment by moment (batchmodel.BatchModel._peaks_at); None: not recorded
+    phases: np.ndarray | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -86,6 +90,7 @@ class _Tracker:
 
     def __init__(self) -> None:
         self.phase = "build"
+        self.phase_marks: list[int] = []  # the event index where each phase after the build begins
         self.live_ids: dict[int, int] = {}  # storage pointer -> allocation id
         self.labels: list[int] = []  # allocation id -> category
         self.nbytes: list[int] = []  # allocation id -> bytes
@@ -126,6 +131,7 @@ class _Tracker:
 
     def set_phase(self, name: str) -> None:
         self.phase = name
+        self.phase_marks.append(len(self.events))
         self.accumulating = False  # every phase change falls outside backward's node sequence
 
     def track(self, t: Any, category: int | None = None, untouched: int = 0) -> None:
@@ -1000,8 +1006,10 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
     if tracker.cuda_workspaces and tracker.workspace_bytes:
         torch.cuda.empty_cache()  # the probes' blocks go back to the device, not kept by this process
     curve, sizes, ids, untouched = _replay(tracker)
+    phases = np.searchsorted(np.asarray(tracker.phase_marks, dtype=np.int64), np.arange(len(ids)), side="right")
     copies = len(tracker.copy_probes)
-    return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, param_bytes=int(param_bytes),
+    return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, phases=phases.astype(np.int64),
+                 param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
                  sized_kernels=len(tracker.workspace_bytes) - copies, probed_copies=copies,
@@ -1016,7 +1024,7 @@ def save_trace(trace: Trace, path: str) -> None:
     """Write a trace to an .npz file (the calibration process hands traces back this way)."""
     meta = {k: getattr(trace, k) for k in ("param_bytes", "grad_bytes", "opt_state_bytes", "largest_block_bytes",
                                            "flops_per_step", "num_params", "seconds")}
-    extra = {} if trace.untouched is None else {"untouched": trace.untouched}
+    extra = {name: getattr(trace, name) for name in ("untouched", "phases") if getattr(trace, name) is not None}
     np.savez(path, curve=trace.curve, sizes=trace.sizes, ids=trace.ids, meta=np.asarray(list(meta.values()), dtype=np.float64),
              **extra)
 
@@ -1026,5 +1034,6 @@ def load_trace(path: str) -> Trace:
         m = z["meta"].tolist()
         return Trace(curve=z["curve"], sizes=z["sizes"], ids=z["ids"], param_bytes=int(m[0]),
                      untouched=z["untouched"] if "untouched" in z.files else None,
+                     phases=z["phases"] if "phases" in z.files else None,
                      grad_bytes=int(m[1]), opt_state_bytes=int(m[2]), largest_block_bytes=int(m[3]),
                      flops_per_step=int(m[4]), num_params=int(m[5]), seconds=float(m[6]))
