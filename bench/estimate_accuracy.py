@@ -30,7 +30,9 @@ markdown file next to it (accuracy.md):
    bench/workloads/fresh3.py's (a concatenating DenseNet, a shifted-window transformer, a NeRF-style
    radiance field, a CTC speech model), written in session 46 before any estimate of them was seen; with
    `--set fresh4`, on bench/workloads/fresh4.py's (a Perceiver, a WaveNet, a spatial transformer, a BiLSTM
-   tagger over packed sequences), written in session 48 before any estimate of them was seen.
+   tagger over packed sequences), written in session 48 before any estimate of them was seen; with `--set
+   fresh5`, on bench/workloads/fresh5.py's (a token-pruning ViT, a one-stage detector with a masked box loss,
+   a Conformer, a message-passing graph network), written in session 49 before any estimate of them was seen.
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
@@ -161,10 +163,23 @@ FRESH4_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("BiLSTM tagger (packed sequences)", f"{_FRESH4}:tagger", {}, (16, 48)),
 ]
 
+# Workloads written in session 49 before any estimate of them was seen (bench/workloads/fresh5.py), for
+# `--set fresh5`: session 49 changed how the estimator extrapolates graphs that depend on the data, and two of
+# these have such graphs. Sized by one measured run each (fp32 adamw, session 49's AMD VM, family 26, MiB at
+# the batches tried): prune 456 at 8 / 842 at 32, detector 444 / 1286 at 4 / 16, conformer 1026 / 3164 at
+# 4 / 16, mpnn 1036 / 3146 at 32 / 128.
+_FRESH5 = "bench/workloads/fresh5.py"
+FRESH5_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("token-pruning ViT (data-dependent count)", f"{_FRESH5}:prune", {}, (16, 64)),
+    WorkloadCase("one-stage detector (masked box loss)", f"{_FRESH5}:detector", {}, (4, 16)),
+    WorkloadCase("Conformer (conv module, MHA)", f"{_FRESH5}:conformer", {}, (4, 12)),
+    WorkloadCase("message-passing GNN (index_add_)", f"{_FRESH5}:mpnn", {}, (16, 64)),
+]
+
 # The accuracy part's workload sets beside the presets' grid (`--set`): each is named by its path in the tree.
 SETS: dict[str, list[WorkloadCase]] = {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS,
                                        "fresh2": FRESH2_WORKLOADS, "fresh3": FRESH3_WORKLOADS,
-                                       "fresh4": FRESH4_WORKLOADS}
+                                       "fresh4": FRESH4_WORKLOADS, "fresh5": FRESH5_WORKLOADS}
 
 QUICK_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("MLP", "mlp", {}, (1024, 1024)),
@@ -907,7 +922,8 @@ def main(argv: list[str] | None = None) -> int:
                     "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, "
                     "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, "
                     "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's, "
-                    "fresh3.py's and fresh4.py's, written in sessions 37, 46 and 48 before any estimate of them was seen")
+                    "fresh3.py's, fresh4.py's and fresh5.py's, written in sessions 37, 46, 48 and 49 before any estimate "
+                    "of them was seen")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
     ap.add_argument("--precisions", default=None, help="comma-separated precisions to run (accuracy part: "
