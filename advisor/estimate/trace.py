@@ -784,6 +784,33 @@ def _moved_to_device(obj: Any, tracker: _Tracker) -> Any:
     return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, obj)
 
 
+def _data_dependent(exc: BaseException) -> bool:
+    """Whether `exc` is fake tensors refusing an op whose output shape or result depends on a tensor's
+    values (nonzero, repeat_interleave with tensor repeats, int() of a tensor)."""
+    return any(word in type(exc).__name__ for word in ("DataDependent", "DynamicOutputShape"))
+
+
+def _make_batch(workload: Workload, batch_size: int, fake_mode) -> Any:
+    """The workload's batch: under `fake_mode`, built there where its code lets it, else built for real
+    outside it and made fake (`_fakeify`). A make_batch that reads values to build its tensors (a graph
+    batch's node-to-graph index by repeat_interleave of the graphs' sizes, a packed sequence's positions)
+    then costs its batch in real memory, the inputs only, and not a real-step fallback for the whole
+    model: bench/workloads/fresh5.py:mpnn, whose model runs on fake tensors, fell back to real steps at
+    batch 1 and 2 for its make_batch's repeat_interleave (session 49)."""
+    if fake_mode is None:
+        return workload.make_batch(batch_size)
+    try:
+        batch = workload.make_batch(batch_size)
+    except Exception as exc:  # noqa: BLE001 - only a data-dependent refusal is retried; the rest re-raised
+        if not _data_dependent(exc):
+            raise
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            batch = workload.make_batch(batch_size)
+    return _fakeify(batch, fake_mode)
+
+
 def _fakeify(batch: Any, fake_mode) -> Any:
     """Real tensors a make_batch built outside dispatch (e.g. from numpy) become fake ones."""
     import torch
@@ -968,8 +995,7 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
             for it in range(2):
                 tracker.set_phase("batch")
                 with tracker.off_device(device == "cuda"):
-                    batch = workload.make_batch(batch_size)
-                    batch = _fakeify(batch, fake_mode) if fake_mode else batch
+                    batch = _make_batch(workload, batch_size, fake_mode)
                 if device == "cuda":
                     batch = _moved_to_device(batch, tracker)
                 for t in torch.utils._pytree.tree_flatten(batch)[0]:

@@ -288,3 +288,19 @@ def test_ctc_loss_with_target_lengths_as_a_tensor_is_traced_on_fake_tensors(tmp_
     real = measure(MeasureRequest(workload=f"{path}:build", batch_size=8, mode="alloc")).alloc_peak_bytes
     assert fake.ctc_bounded == 4  # forward and backward, in each of the two steps
     assert abs(fake.peak_bytes - real) <= real / 1000, (fake.peak_bytes, real)
+
+
+def test_a_make_batch_that_reads_values_is_built_for_real_and_the_model_still_traced_on_fake_tensors() -> None:
+    # the graph batch's node-to-graph index is repeat_interleave of the graphs' sizes: fake tensors refuse it
+    # (data-dependent output shape); the batch is built for real, made fake, and the model traced on fake
+    # tensors, allocating what real tensors do, not a fallback to real steps for the whole model
+    from pathlib import Path
+
+    from advisor.estimate import estimate_memory
+
+    wl = load_workload(f"{Path(__file__).with_name('graph_batch.py')}:build", {})
+    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
+    fake, real = trace_training(wl, 16, **kw), trace_training(wl, 16, fake=False, **kw)
+    assert fake.peak_bytes == real.peak_bytes
+    est = estimate_memory(wl, "h100-sxm", 16, calibrate=False, measured=False)
+    assert est.method == "traced", est.notes
