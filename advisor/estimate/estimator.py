@@ -80,9 +80,10 @@ def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str
     if a == 1:
         # Batch 1 often takes other kernels' paths (e.g. matmuls folded differently) than larger
         # batches, so it is traced exactly and the batch scaling comes from traces at 2 and 4.
-        return BatchModel(a=2, trace_a=retrace(2), c=4, trace_c=retrace(4, False), exact={1: retrace(1)})
+        return BatchModel(a=2, trace_a=retrace(2), c=4, trace_c=retrace(4, False), exact={1: retrace(1)},
+                          tracer=lambda b: retrace(b, False))
     c = a * 2 if a < 4 else a // 2
-    return BatchModel(a=a, trace_a=retrace(a), c=c, trace_c=retrace(c, False))
+    return BatchModel(a=a, trace_a=retrace(a), c=c, trace_c=retrace(c, False), tracer=lambda b: retrace(b, False))
 
 
 def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batch_size: int | None = None, *,

@@ -23,15 +23,20 @@ class _Net(nn.Module):
         return self.head(pooled)
 
 
-def build(feats: int = 16, d: int = 64, classes: int = 5, nodes_per_graph: int = 30, degree: int = 4) -> Workload:
+def build(feats: int = 16, d: int = 64, classes: int = 5, nodes_per_graph: int = 30, degree: int = 4,
+          vary_sizes: bool = False) -> Workload:
+    """`vary_sizes`: graphs of 1/2 to 3/2 of `nodes_per_graph` nodes, drawn at random, so a batch's node count
+    is not proportional to its size; else all of `nodes_per_graph`."""
+
     def make_batch(n):
         g = torch.Generator().manual_seed(0)
-        sizes = torch.full((n,), nodes_per_graph)  # equal sizes: the node count grows in step with the batch
+        sizes = torch.randint(nodes_per_graph // 2, nodes_per_graph * 3 // 2 + 1, (n,), generator=g) if vary_sizes \
+            else torch.full((n,), nodes_per_graph)
         graph = torch.repeat_interleave(torch.arange(n), sizes)
-        nodes = n * nodes_per_graph
+        nodes = int(sizes.sum())
         src = torch.arange(nodes).repeat_interleave(degree)
-        dst = graph.repeat_interleave(degree) * nodes_per_graph + torch.randint(0, nodes_per_graph, (nodes * degree,),
-                                                                                generator=g)
+        local = (torch.rand(nodes * degree, generator=g) * sizes[graph].repeat_interleave(degree)).long()
+        dst = (torch.cumsum(sizes, 0) - sizes)[graph].repeat_interleave(degree) + local
         return torch.randn(nodes, feats, generator=g), src, dst, graph, torch.randint(0, classes, (n,), generator=g)
 
     def loss_fn(model, batch):

@@ -634,3 +634,24 @@ def test_a_small_batch_is_calibrated_with_runs_at_itself_that_weigh_in_and_are_k
     points = [json.loads(x) for x in (tmp_path / "calibration" / "peaks.jsonl").read_text().splitlines()]
     at_eight = sorted(round(p["peak_bytes"] / 2**20) for p in points if p["batch_size"] == 8)
     assert at_eight == sorted([r1, r2]), (at_eight, note)
+
+
+def test_fake_traces_are_checked_against_real_ones_at_the_real_traces_own_batch_sizes() -> None:
+    # Graphs of random size: a batch's node count is not proportional to its size, so fake traces at 16 and 8
+    # carried to 4 differ from the real trace at 4 by the data, not by any kernel. The check traces the fake
+    # step at 4 itself; the fake trace stands, and the allocated peak at 16 is its own trace's, exactly.
+    from pathlib import Path
+
+    from advisor.config import OptimizerKind, Precision
+    from advisor.estimate.trace import trace_training
+    from advisor.workload import load_workload
+
+    # fake traces at 16 and 8 put the peak at 4 at 18.9 MB, where the real and the fake trace at 4 both hold 22.3
+    spec = f"{Path(__file__).with_name('graph_batch.py')}:build"
+    args = {"vary_sizes": True, "d": 128, "nodes_per_graph": 200, "degree": 8}
+    est = estimate_memory(spec, "cpu", 16, workload_args=args, calibrate=True, measured=False)
+    assert est.calibrated and est.method == "traced", est.notes
+    assert not any("using traces of real steps" in n for n in est.notes), est.notes
+    real = trace_training(load_workload(spec, args), 16, precision=Precision.fp32, optimizer=OptimizerKind.adamw,
+                          fake=False, count_flops=False)
+    assert est.allocated_bytes == pytest.approx(real.peak_bytes, rel=0.002)
