@@ -176,7 +176,7 @@ class BatchModel:
         moment with another where the peak moved: a BiLSTM tagger over packed sequences
         (bench/workloads/fresh4.py) peaked in the optimizer step at batch 4 and in the backward at 8, and
         those rows carried to 16 put its live peak at 255.8 MB where the real trace there holds 216.1; scaled,
-        214.9 (bf16: 287.0 and 209.0 for 209.7). On fake traces at a quarter and half of 70 workload cases'
+        214.9 (bf16: 287.0 and 209.0 for 209.7). On fake traces at a quarter and half of 68 workload cases'
         large batch (bench sets and presets, fp32 adamw and bf16 sgd-momentum), unaligned or not, at the batch:
         within 4.6% of its own trace (bert-base b6 from 1 and 3, -4.6%; median 0.0%) where pairwise rows, even
         phase by phase, were 27% over on the lstm preset. All rows are kept, not only the largest: the live
@@ -198,5 +198,4 @@ class BatchModel:
             moments.append(self._candidates(seg) * np.where(peak > 0, peak_b / np.maximum(peak, 1), 1.0))
         rows = np.rint(np.concatenate(moments)).astype(np.int64)
         return replace(ta, curve=rows, sizes=rows.sum(axis=1), ids=np.arange(len(rows), dtype=np.int64),
-                       synthetic=True, untouched=None, cublas_at=(),
-                       phases=np.repeat(np.arange(len(moments)), len(rows) // len(moments)))
+                       synthetic=True, untouched=None, cublas_at=(), phases=None)
