@@ -32,7 +32,10 @@ markdown file next to it (accuracy.md):
    `--set fresh4`, on bench/workloads/fresh4.py's (a Perceiver, a WaveNet, a spatial transformer, a BiLSTM
    tagger over packed sequences), written in session 48 before any estimate of them was seen; with `--set
    fresh5`, on bench/workloads/fresh5.py's (a token-pruning ViT, a one-stage detector with a masked box loss,
-   a Conformer, a message-passing graph network), written in session 49 before any estimate of them was seen.
+   a Conformer, a message-passing graph network), written in session 49 before any estimate of them was seen; with
+   `--set fresh6`, on bench/workloads/fresh6.py's (a DCN-v2 recommender over multi-hot bags, a universal transformer
+   with adaptive computation time, a selective state-space model, a VQ-VAE), written in session 50 before any
+   estimate of them was seen.
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
@@ -176,10 +179,25 @@ FRESH5_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("message-passing GNN (index_add_)", f"{_FRESH5}:mpnn", {}, (16, 64)),
 ]
 
+# Workloads written in session 50 before any estimate of them was seen (bench/workloads/fresh6.py), for
+# `--set fresh6`: session 49 changed how batches that read their own values are built and how fake traces are
+# checked against real ones, found on fresh5.py; two of these have such batches or graphs. Sized by one measured
+# run each (fp32 adamw, session 50's AMD VM, family 25 model 17, MiB at the batches tried): dcn 1070 / 1057 /
+# 1105 / 1291 at 512 / 1024 / 2048 / 8192, act 741 / 1791 at 8 / 32, ssm 862 / 886 / 2194 / 2874 at 6 / 8 / 24 /
+# 32, vqvae 510 / 1335 at 16 / 64.
+_FRESH6 = "bench/workloads/fresh6.py"
+FRESH6_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("DCN-v2 recommender (multi-hot EmbeddingBag)", f"{_FRESH6}:dcn", {}, (1024, 8192)),
+    WorkloadCase("universal transformer, adaptive computation time", f"{_FRESH6}:act", {}, (8, 32)),
+    WorkloadCase("selective state-space model (scan loop)", f"{_FRESH6}:ssm", {}, (8, 24)),
+    WorkloadCase("VQ-VAE (codebook, straight-through)", f"{_FRESH6}:vqvae", {}, (16, 64)),
+]
+
 # The accuracy part's workload sets beside the presets' grid (`--set`): each is named by its path in the tree.
 SETS: dict[str, list[WorkloadCase]] = {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS,
                                        "fresh2": FRESH2_WORKLOADS, "fresh3": FRESH3_WORKLOADS,
-                                       "fresh4": FRESH4_WORKLOADS, "fresh5": FRESH5_WORKLOADS}
+                                       "fresh4": FRESH4_WORKLOADS, "fresh5": FRESH5_WORKLOADS,
+                                       "fresh6": FRESH6_WORKLOADS}
 
 QUICK_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("MLP", "mlp", {}, (1024, 1024)),
@@ -922,8 +940,8 @@ def main(argv: list[str] | None = None) -> int:
                     "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, "
                     "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, "
                     "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's, "
-                    "fresh3.py's, fresh4.py's and fresh5.py's, written in sessions 37, 46, 48 and 49 before any estimate "
-                    "of them was seen")
+                    "fresh3.py's, fresh4.py's, fresh5.py's and fresh6.py's, written in sessions 37, 46, 48, 49 and 50 "
+                    "before any estimate of them was seen")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
     ap.add_argument("--precisions", default=None, help="comma-separated precisions to run (accuracy part: "
