@@ -284,6 +284,7 @@ def memtracker_peak(workload: str, args: dict[str, Any], batch: int, precision: 
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from advisor.config import OptimizerKind, Precision
+    from advisor.estimate.trace import _make_batch
     from advisor.training import prepare, train_step
     from advisor.workload import load_workload
 
@@ -298,7 +299,9 @@ def memtracker_peak(workload: str, args: dict[str, Any], batch: int, precision: 
             ctx = prepare(model, wl.loss_fn, precision=Precision(precision), optimizer=OptimizerKind(optimizer),
                           device_type="cpu", fake=True)
             for _ in range(2):
-                batch_data = wl.make_batch(batch)
+                # as the estimator builds it: a make_batch that reads its own values (which fake tensors
+                # refuse) is built for real and made fake, so MemTracker runs on the model all the same
+                batch_data = _make_batch(wl, batch, fake_mode)
                 train_step(ctx, batch_data)
                 del batch_data
                 tracker.reset_mod_stats()  # MemTracker refuses a second forward of a module without this
