@@ -318,6 +318,7 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
             del _CALIBRATIONS[next(iter(_CALIBRATIONS))]
     if reused:
         report(f"calibration reused{reused}")
+    given = bm
     calib, bm = _CALIBRATIONS[key]
     counts = Counter(b for b, _, _ in calib.rss)
     sizes = ", ".join(f"{b} x{counts[b]}" if counts[b] > 1 else str(b) for b in calib.batches)
@@ -339,9 +340,27 @@ def _calibrate(fingerprint: Callable[[], str], workload: Workload | str, workloa
     if regime:
         notes.append(regime)
     if calib.used_real_traces:
-        notes.append("real kernels allocate differently from the fake trace here (e.g. a workspace): "
-                     "using traces of real steps at small batch sizes, extrapolated per allocation")
+        notes.append(real_traces_note(given, bm, req.batch_size))
     return calib, bm
+
+
+def real_traces_note(given: BatchModel, used: BatchModel, batch: int) -> str:
+    """What the estimate says where the calibration's real traces (at `used.a` and `used.c`) replaced
+    `given`'s: the fake trace's, or the real-step fallback's at batch 1 and 2; and how they reach `batch`.
+    Traces whose allocations differ (a graph that follows the data) reach it phase by phase, as each
+    category grew between them, and a count the data sets need not keep growing that way: a universal
+    transformer's ponder steps (bench/workloads/fresh6.py:act) ran 12 at batch 16 and 10 at 32, and its
+    live peak at 32 came out 18% over (session 50)."""
+    if given.tracer is None and given.retrace is None:
+        note = f"traced again on real steps at batch sizes {used.a} and {used.c}, nearer the batch than 1 and 2"
+    else:
+        note = ("real kernels allocate differently from the fake trace here (e.g. a workspace): using traces of "
+                f"real steps at batch sizes {used.a} and {used.c}")
+    if used.aligned is None and batch not in (used.a, used.c):
+        return note + (f"; their allocations differ (the graph follows the data), so the peak at {batch} is "
+                       f"extrapolated phase by phase as each kind of memory grew from {used.a} to {used.c}: where "
+                       "a count the data sets (tokens kept, loop steps) grows otherwise, it is off by as much")
+    return note + ", extrapolated per allocation"
 
 
 def _keep(disk_key: str, calib: CpuCalibration, bm: BatchModel) -> None:

@@ -12,6 +12,7 @@ import pytest
 from advisor.config import OptimizerKind, Precision
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.cuda_alloc import simulate_cuda
+from advisor.estimate.estimator import real_traces_note
 from advisor.estimate.trace import trace_training
 from advisor.workload import load_workload
 
@@ -31,6 +32,9 @@ def test_two_traces_predict_a_third_exactly(name, precision):
     assert got.curve.sum(axis=1).max() == far.curve.sum(axis=1).max()
     assert np.array_equal(got.curve.max(axis=0), far.curve.max(axis=0))  # each category's peak too
     assert simulate_cuda(got.sizes, got.ids) == simulate_cuda(far.sizes, far.ids)
+    # what an estimate says of such traces once the calibration takes them over a fake trace's
+    fake = BatchModel(a=2, trace_a=a, c=4, trace_c=c, tracer=lambda b: far)
+    assert real_traces_note(fake, bm, 32).endswith("batch sizes 2 and 4, extrapolated per allocation")
 
 
 def test_unmatched_allocations_still_grow_with_the_batch():
@@ -73,6 +77,12 @@ def test_a_data_dependent_graphs_peak_moves_between_phases_and_is_followed_there
     from advisor.estimate.strategy import persistent_transient
 
     assert persistent_transient(got.curve)[0] == pytest.approx(persistent_transient(far.curve)[0], rel=0.01)
+    # an estimate whose calibration took these over the real-step fallback's traces at 1 and 2 says so, and
+    # that the peak at 16 is extrapolated phase by phase, which a count the data sets may not follow
+    fallback = BatchModel(a=1, trace_a=a, c=2, trace_c=c)
+    note = real_traces_note(fallback, bm, 16)
+    assert note.startswith("traced again on real steps at batch sizes 4 and 8") and "phase by phase" in note
+    assert "phase by phase" not in real_traces_note(fallback, bm, 8)  # a batch traced is not extrapolated
 
 
 def test_largest_batch_does_not_depend_on_the_batch_asked_about():
