@@ -284,7 +284,7 @@ def memtracker_peak(workload: str, args: dict[str, Any], batch: int, precision: 
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from advisor.config import OptimizerKind, Precision
-    from advisor.estimate.trace import _make_batch
+    from advisor.estimate.trace import build_batch
     from advisor.training import prepare, train_step
     from advisor.workload import load_workload
 
@@ -301,7 +301,7 @@ def memtracker_peak(workload: str, args: dict[str, Any], batch: int, precision: 
             for _ in range(2):
                 # as the estimator builds it: a make_batch that reads its own values (which fake tensors
                 # refuse) is built for real and made fake, so MemTracker runs on the model all the same
-                batch_data = _make_batch(wl, batch, fake_mode)
+                batch_data = build_batch(wl, batch, fake_mode)
                 train_step(ctx, batch_data)
                 del batch_data
                 tracker.reset_mod_stats()  # MemTracker refuses a second forward of a module without this

@@ -790,7 +790,7 @@ def _data_dependent(exc: BaseException) -> bool:
     return any(word in type(exc).__name__ for word in ("DataDependent", "DynamicOutputShape"))
 
 
-def _make_batch(workload: Workload, batch_size: int, fake_mode) -> Any:
+def build_batch(workload: Workload, batch_size: int, fake_mode) -> Any:
     """The workload's batch: under `fake_mode`, built there where its code lets it, else built for real
     outside it and made fake (`_fakeify`). A make_batch that reads values to build its tensors (a graph
     batch's node-to-graph index by repeat_interleave of the graphs' sizes, a packed sequence's positions)
@@ -995,7 +995,7 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
             for it in range(2):
                 tracker.set_phase("batch")
                 with tracker.off_device(device == "cuda"):
-                    batch = _make_batch(workload, batch_size, fake_mode)
+                    batch = build_batch(workload, batch_size, fake_mode)
                 if device == "cuda":
                     batch = _moved_to_device(batch, tracker)
                 for t in torch.utils._pytree.tree_flatten(batch)[0]:
