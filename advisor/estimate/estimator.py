@@ -352,7 +352,8 @@ def real_traces_note(given: BatchModel, used: BatchModel, batch: int) -> str:
     transformer's ponder steps (bench/workloads/fresh6.py:act) ran 12 at batch 16 and 10 at 32, and its
     live peak at 32 came out 18% over (session 50)."""
     if given.tracer is None and given.retrace is None:
-        note = f"traced again on real steps at batch sizes {used.a} and {used.c}, nearer the batch than 1 and 2"
+        # not "nearer the batch": at batch 1 or 2 the calibration traces 1 and 2 again
+        note = f"traced again on real steps at batch sizes {used.a} and {used.c} for the calibration"
     else:
         note = ("real kernels allocate differently from the fake trace here (e.g. a workspace): using traces of "
                 f"real steps at batch sizes {used.a} and {used.c}")
