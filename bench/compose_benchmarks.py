@@ -108,6 +108,7 @@ def main() -> int:
     parts.append(_outside("fresh4", "Workloads written before any estimate of them was seen: session 48's"))
     parts.append(_outside("fresh5", "Workloads written before any estimate of them was seen: session 49's"))
     parts.append(_outside("fresh6", "Workloads written before any estimate of them was seen: session 50's"))
+    parts.append(_outside("fresh7", "Workloads written before any estimate of them was seen: session 51's"))
     if CALIBRATION.exists():
         parts.append(CALIBRATION.read_text())
     # bench/estimate_accuracy_cuda.py, on a lent GPU machine

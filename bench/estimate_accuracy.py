@@ -35,7 +35,9 @@ markdown file next to it (accuracy.md):
    a Conformer, a message-passing graph network), written in session 49 before any estimate of them was seen; with
    `--set fresh6`, on bench/workloads/fresh6.py's (a DCN-v2 recommender over multi-hot bags, a universal transformer
    with adaptive computation time, a selective state-space model, a VQ-VAE), written in session 50 before any
-   estimate of them was seen.
+   estimate of them was seen; with `--set fresh7`, on bench/workloads/fresh7.py's (a WGAN-GP step with its double
+   backward, a Fourier neural operator with complex weights, MoCo v2 with a momentum encoder and a queue, a capsule
+   network with dynamic routing), written in session 51 before any estimate of them was seen.
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
@@ -193,11 +195,25 @@ FRESH6_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("VQ-VAE (codebook, straight-through)", f"{_FRESH6}:vqvae", {}, (16, 64)),
 ]
 
+# Workloads written in session 51 before any estimate of them was seen (bench/workloads/fresh7.py), for
+# `--set fresh7`: kinds no earlier set has (a double backward, complex parameters and FFTs, a momentum encoder
+# outside the optimizer with an in-place queue, routing by agreement). Sized by one measured run each (fp32
+# adamw, session 51's AMD VM, family 25 model 17, MiB at the batches tried): wgangp 481 / 1109 at 16 / 64, fno
+# 886 / 1691 / 2134 at 8 / 24 / 32 (75 s a run at 32: FFTs), moco 403 / 973 at 32 / 128, capsnet 680 / 1971 / 3709
+# at 32 / 128 / 256.
+_FRESH7 = "bench/workloads/fresh7.py"
+FRESH7_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("WGAN-GP step (gradient penalty, double backward)", f"{_FRESH7}:wgangp", {}, (16, 64)),
+    WorkloadCase("Fourier neural operator (complex weights, FFTs)", f"{_FRESH7}:fno", {}, (8, 24)),
+    WorkloadCase("MoCo v2 (momentum encoder, negative queue)", f"{_FRESH7}:moco", {}, (32, 128)),
+    WorkloadCase("capsule network (dynamic routing)", f"{_FRESH7}:capsnet", {}, (32, 128)),
+]
+
 # The accuracy part's workload sets beside the presets' grid (`--set`): each is named by its path in the tree.
 SETS: dict[str, list[WorkloadCase]] = {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS,
                                        "fresh2": FRESH2_WORKLOADS, "fresh3": FRESH3_WORKLOADS,
                                        "fresh4": FRESH4_WORKLOADS, "fresh5": FRESH5_WORKLOADS,
-                                       "fresh6": FRESH6_WORKLOADS}
+                                       "fresh6": FRESH6_WORKLOADS, "fresh7": FRESH7_WORKLOADS}
 
 QUICK_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("MLP", "mlp", {}, (1024, 1024)),
@@ -942,9 +958,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", choices=("presets", *SETS), default="presets", help="the accuracy part's "
                     "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, "
                     "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, "
-                    "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's, "
-                    "fresh3.py's, fresh4.py's, fresh5.py's and fresh6.py's, written in sessions 37, 46, 48, 49 and 50 "
-                    "before any estimate of them was seen")
+                    "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's "
+                    "to fresh7.py's, each written in a later session before any estimate of it was seen (its "
+                    "docstring says which)")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
     ap.add_argument("--precisions", default=None, help="comma-separated precisions to run (accuracy part: "
