@@ -882,12 +882,39 @@ def _build(workload: Workload, fake_mode: Any, skip_init: bool) -> Any:
             # copy.deepcopy of a fake parameter asks for its data pointer (torch/_tensor.py): torch's warning
             # is about that check, not the user's code
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            model = workload.build_model()
+            with _fresh_copies() if fake_mode is not None else contextlib.nullcontext():
+                model = workload.build_model()
     except Exception as exc:
         if fake_mode is not None and not skip_init and "DataDependent" in type(exc).__name__:
             raise _BuildReadsValues(str(exc)) from exc
         raise
     return _adopt_copies(model, fake_mode) if fake_mode is not None else model
+
+
+def _fresh_copies() -> Any:
+    """A torch function mode for the build on fake tensors: `copy.deepcopy` of a fake tensor makes an empty
+    one of the trace's mode with its shape, strides, dtype and requires_grad (values are not traced), where
+    torch's own deep copy of a plain tensor tries to copy its storage. For a fake tensor made from data, as
+    `torch.tensor(0)` makes BatchNorm's num_batches_tracked, that raised, and left glibc's heap corrupt (the
+    next trace in the process aborted): a deep copy of any module holding a BatchNorm failed, the momentum
+    encoder of MoCo, BYOL or DINO, a model's EMA copy (bench/workloads/fresh7.py:moco fell back to real steps
+    for it). Parameters deep-copy through nn.Parameter's own method, a clone, as before (`_adopt_copies`)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.overrides import TorchFunctionMode
+
+    class FreshCopies(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is not torch.Tensor.__deepcopy__ or not isinstance(args[0], FakeTensor):
+                return func(*args, **(kwargs or {}))
+            t, memo = args
+            new = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+            if t.requires_grad:
+                new.requires_grad_()
+            memo[id(t)] = new
+            return new
+
+    return FreshCopies()
 
 
 def _adopt_copies(model: Any, fake_mode: Any) -> Any:

@@ -251,6 +251,44 @@ def test_layers_deep_copied_on_fake_tensors_are_traced_as_the_real_run_allocates
     assert fake.param_bytes == real.param_bytes
 
 
+def test_a_momentum_encoder_deep_copied_with_its_batch_norm_is_traced_on_fake_tensors() -> None:
+    # MoCo/BYOL/EMA: a deep copy of an encoder that holds a BatchNorm, updated in place in forward and never by
+    # the optimizer. torch's own deep copy of BatchNorm's num_batches_tracked (a fake tensor made from data)
+    # raised on fake tensors and left the heap corrupt: the trace fell back to real steps, and the next trace
+    # in the process crashed (session 51, bench/workloads/fresh7.py:moco). Traced three times here, fake and
+    # real, to the byte.
+    import copy
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    from advisor.workload import Workload
+
+    class Momentum(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                                       nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 8))
+            self.key = copy.deepcopy(self.query)
+            for p in self.key.parameters():
+                p.requires_grad_(False)
+
+        def forward(self, x):
+            with torch.no_grad():
+                for pk, pq in zip(self.key.parameters(), self.query.parameters()):
+                    pk.mul_(0.99).add_(pq.detach(), alpha=0.01)
+                k = self.key(x)
+            return self.query(x) @ k.T
+
+    wl = Workload(name="momentum", build_model=Momentum, make_batch=lambda n: torch.randn(n, 3, 16, 16),
+                  loss_fn=lambda m, b: F.cross_entropy(m(b), torch.arange(b.shape[0])))
+    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
+    fake = trace_training(wl, 4, **kw)
+    again, real = trace_training(wl, 4, **kw), trace_training(wl, 4, fake=False, **kw)
+    assert fake.peak_bytes == again.peak_bytes == real.peak_bytes, (fake.peak_bytes, again.peak_bytes, real.peak_bytes)
+    assert fake.param_bytes == real.param_bytes
+
+
 _CTC = """
 import torch
 import torch.nn.functional as F
