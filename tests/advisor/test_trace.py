@@ -289,6 +289,60 @@ def test_a_momentum_encoder_deep_copied_with_its_batch_norm_is_traced_on_fake_te
     assert fake.param_bytes == real.param_bytes
 
 
+def test_a_sparse_adjacency_is_traced_as_its_index_and_value_tensors() -> None:
+    # a GCN on a sparse COO adjacency (torch.sparse.mm): a sparse tensor has no storage, and the trace asked for
+    # one (both traces raised, session 51). Its memory is its indices' and values'; fake ops keep no entries, so
+    # the coalesced batch and backward's transposed adjacency are sized as holding as many as their input.
+    import torch.nn.functional as F
+    from torch import nn
+
+    from advisor.workload import Workload
+
+    class GCN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = nn.Linear(32, 64), nn.Linear(64, 5)
+
+        def forward(self, adj, x):
+            return torch.sparse.mm(adj, self.l2(F.relu(torch.sparse.mm(adj, self.l1(x)))))
+
+    def make_batch(n):
+        g = torch.Generator().manual_seed(0)
+        nodes = 40 * n
+        edges = torch.randint(0, nodes, (2, 6 * nodes), generator=g)
+        adj = torch.sparse_coo_tensor(edges, torch.rand(edges.shape[1], generator=g), (nodes, nodes)).coalesce()
+        return adj, torch.randn(nodes, 32, generator=g), torch.randint(0, 5, (nodes,), generator=g)
+
+    wl = Workload(name="gcn", build_model=GCN, make_batch=make_batch,
+                  loss_fn=lambda m, b: F.cross_entropy(m(b[0], b[1]), b[2]))
+    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
+    fake, real = trace_training(wl, 8, cpu_workspaces=True, **kw), trace_training(wl, 8, fake=False, **kw)
+    adjacency = 6 * 40 * 8 * (2 * 8 + 4)  # at most: int64 row and column per entry, a float32 value
+    assert real.peak_bytes > 2 * adjacency  # the adjacency and its transposed copy count
+    assert abs(fake.peak_bytes - real.peak_bytes) <= 0.01 * real.peak_bytes, (fake.peak_bytes, real.peak_bytes)
+    assert len(fake.sizes) == len(real.sizes)  # the same allocations, in the same order
+
+
+def test_a_sparse_embedding_gradient_is_counted_as_its_entries() -> None:
+    # nn.Embedding(sparse=True) under SGD: the gradient is a sparse tensor (one row per looked-up id), which has
+    # no nbytes (the trace raised); its fake clone in AccumulateGrad keeps no entries, sized as its input's.
+    import torch.nn.functional as F
+    from torch import nn
+
+    from advisor.workload import Workload
+
+    wl = Workload(name="sparse-embedding",
+                  build_model=lambda: nn.Sequential(nn.Embedding(20000, 32, sparse=True), nn.Flatten(), nn.Linear(320, 2)),
+                  make_batch=lambda n: (torch.randint(0, 20000, (n, 10)), torch.randint(0, 2, (n,))),
+                  loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.sgd, count_flops=False)
+    fake, real = trace_training(wl, 64, **kw), trace_training(wl, 64, fake=False, **kw)
+    rows = 64 * 10 * (8 + 32 * 4)  # an int64 index and a row of 32 floats per looked-up id
+    assert real.grad_bytes == rows + 320 * 2 * 4 + 2 * 4
+    assert fake.grad_bytes == real.grad_bytes and fake.peak_bytes == real.peak_bytes, \
+        (fake.grad_bytes, real.grad_bytes, fake.peak_bytes, real.peak_bytes)
+
+
 _CTC = """
 import torch
 import torch.nn.functional as F
