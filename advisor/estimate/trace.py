@@ -942,6 +942,43 @@ def _initializers_skipped():
                 setattr(init, n, f)
 
 
+_CONVERTING = threading.local()  # `_fake_conversions`: set in the thread whose fake trace is running
+
+
+@contextlib.contextmanager
+def _fake_conversions():
+    """nn.Module.to/.half()/.bfloat16() and a memory format (`_apply`) on fake parameters, as on real ones:
+    torch 2.13 swaps a fake parameter with its converted copy (torch.utils.swap_tensors), and the swap
+    refuses a tensor that a weak reference points to, which fake ones have, so every such conversion
+    raised. The estimator's own pure-bf16 cast (advisor.training.prepare) was one: every bf16-pure estimate
+    fell back to real steps, which a model with BatchNorm fails at batch 1; a build calling `.half()` was
+    another. While this thread traces, a swap of two fake tensors sets the parameter's data to the copy's
+    instead, what `_apply` does to real ones (the parameter object kept, its old storage freed); any other
+    swap, and every swap in other threads, goes torch's way."""
+    import torch
+    import torch.utils
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    with _INIT_SKIPPED:  # installed once in the process
+        if not getattr(torch.utils.swap_tensors, "_advisor_fake_data", False):
+            original = torch.utils.swap_tensors
+
+            def swap(t1, t2):  # noqa: ANN001, ANN202 - torch.utils.swap_tensors' signature
+                if getattr(_CONVERTING, "on", False) and isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor):
+                    with torch.no_grad():
+                        t1.data = t2.data
+                    return None
+                return original(t1, t2)
+
+            swap._advisor_fake_data = True
+            torch.utils.swap_tensors = swap
+    _CONVERTING.on = True
+    try:
+        yield
+    finally:
+        _CONVERTING.on = False
+
+
 def _build(workload: Workload, fake_mode: Any, skip_init: bool) -> Any:
     """`workload.build_model()`, its tensors made this fake mode's (`_adopt_copies`) where it is one; on
     fake tensors, a build that reads a tensor's value raises _BuildReadsValues for `trace_training` to
@@ -1067,7 +1104,8 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
         quiet = warnings.catch_warnings() if tracker.cuda_workspaces else contextlib.nullcontext()
         policy = cuda_policy() if device == "cuda" and precision.autocast_dtype is not None \
             else contextlib.nullcontext()
-        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), quiet, policy:
+        conversions = _fake_conversions() if fake else contextlib.nullcontext()
+        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), quiet, policy, conversions:
             if tracker.cuda_workspaces:
                 warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
             torch.manual_seed(0)

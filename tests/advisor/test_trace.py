@@ -289,6 +289,39 @@ def test_a_momentum_encoder_deep_copied_with_its_batch_norm_is_traced_on_fake_te
     assert fake.param_bytes == real.param_bytes
 
 
+def test_modules_converted_on_fake_tensors_are_traced_pure_bf16_and_as_built() -> None:
+    # torch 2.13 swaps a fake parameter with its converted copy in nn.Module._apply, and the swap refused it:
+    # the estimator's own pure-bf16 cast raised, so every bf16-pure estimate fell back to real steps (and a
+    # model with BatchNorm failed those at batch 1), as did a build that calls .half() or sets channels_last.
+    import torch.nn.functional as F
+    from torch import nn
+
+    from advisor.estimate import estimate_memory
+    from advisor.workload import Workload
+
+    def net(channels_last: bool):
+        def build():
+            m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                              nn.Flatten(), nn.Linear(16, 4))
+            return m.to(memory_format=torch.channels_last) if channels_last else m
+
+        return Workload(name="converted", build_model=build,
+                        make_batch=lambda n: (torch.randn(n, 3, 16, 16), torch.randint(0, 4, (n,))),
+                        loss_fn=lambda m, b: F.cross_entropy(m(b[0].to(next(m.parameters()).dtype)).float(), b[1]))
+
+    reals = []
+    for wl, precision in ((net(False), Precision.bf16_pure), (net(True), Precision.fp32)):
+        kw = dict(precision=precision, optimizer=OptimizerKind.adamw, count_flops=False)
+        fake, real = trace_training(wl, 4, **kw), trace_training(wl, 4, fake=False, **kw)
+        assert fake.peak_bytes == real.peak_bytes and fake.param_bytes == real.param_bytes, \
+            (precision, fake.peak_bytes, real.peak_bytes)
+        reals.append(real)
+    params = sum(p.numel() for p in net(False).build_model().parameters())
+    assert reals[0].param_bytes < 2.2 * params < reals[1].param_bytes  # bf16 weights (and buffers), fp32 ones
+    est = estimate_memory(net(False), "h100-sxm", 4, precision="bf16-pure", calibrate=False, measured=False)
+    assert est.method == "traced" and est.breakdown.parameters == reals[0].param_bytes, (est.method, est.notes)
+
+
 def test_a_sparse_adjacency_is_traced_as_its_index_and_value_tensors() -> None:
     # a GCN on a sparse COO adjacency (torch.sparse.mm): a sparse tensor has no storage, and the trace asked for
     # one (both traces raised, session 51). Its memory is its indices' and values'; fake ops keep no entries, so
