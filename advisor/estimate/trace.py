@@ -979,6 +979,28 @@ def _fake_conversions():
         _CONVERTING.on = False
 
 
+@contextlib.contextmanager
+def _distribution_checks_off():
+    """torch.distributions' argument checks off for a fake trace, as `Distribution.set_default_validate_args(False)`
+    sets them: each checks its parameters' values (`if not valid.all(): raise`), which fake tensors do not have,
+    so a VAE, a policy or a flow that builds a Normal (validating by default) fell back to real steps for the
+    whole model. A check allocates a boolean per element while it runs and changes nothing else; one given
+    validate_args=True still checks, and still falls back. Process-wide while it lasts, as the initializers'
+    skip is: a distribution made in another thread meanwhile goes unchecked."""
+    from torch.distributions import Distribution
+
+    with _VALIDATION:
+        saved = Distribution._validate_args
+        Distribution.set_default_validate_args(False)
+        try:
+            yield
+        finally:
+            Distribution.set_default_validate_args(saved)
+
+
+_VALIDATION = threading.Lock()
+
+
 def _build(workload: Workload, fake_mode: Any, skip_init: bool) -> Any:
     """`workload.build_model()`, its tensors made this fake mode's (`_adopt_copies`) where it is one; on
     fake tensors, a build that reads a tensor's value raises _BuildReadsValues for `trace_training` to
@@ -1105,7 +1127,8 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
         policy = cuda_policy() if device == "cuda" and precision.autocast_dtype is not None \
             else contextlib.nullcontext()
         conversions = _fake_conversions() if fake else contextlib.nullcontext()
-        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), quiet, policy, conversions:
+        unchecked = _distribution_checks_off() if fake else contextlib.nullcontext()
+        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), quiet, policy, conversions, unchecked:
             if tracker.cuda_workspaces:
                 warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
             torch.manual_seed(0)

@@ -322,6 +322,36 @@ def test_modules_converted_on_fake_tensors_are_traced_pure_bf16_and_as_built() -
     assert est.method == "traced" and est.breakdown.parameters == reals[0].param_bytes, (est.method, est.notes)
 
 
+def test_torch_distributions_are_traced_on_fake_tensors_without_their_argument_checks() -> None:
+    # a VAE whose loss builds torch.distributions (validated by default): each check reads its parameters'
+    # values, so the fake trace raised and the estimate fell back to real steps for the whole model
+    from torch import distributions as D
+    from torch import nn
+
+    from advisor.estimate import estimate_memory
+    from advisor.workload import Workload
+
+    class VAE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.dec = nn.Linear(64, 16), nn.Linear(8, 64)
+
+        def forward(self, x):
+            mu, log_sigma = self.enc(x).chunk(2, -1)
+            q = D.Normal(mu, log_sigma.exp())
+            kl = D.kl_divergence(q, D.Normal(torch.zeros_like(mu), torch.ones_like(mu))).sum(-1)
+            return (kl - D.Bernoulli(logits=self.dec(q.rsample())).log_prob(x).sum(-1)).mean()
+
+    wl = Workload(name="vae", build_model=VAE, make_batch=lambda n: (torch.rand(n, 64) > 0.5).float(),
+                  loss_fn=lambda m, b: m(b))
+    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
+    fake, real = trace_training(wl, 8, **kw), trace_training(wl, 8, fake=False, **kw)
+    assert fake.peak_bytes == real.peak_bytes, (fake.peak_bytes, real.peak_bytes)
+    assert D.Distribution._validate_args  # the default is back after the trace
+    est = estimate_memory(wl, "h100-sxm", 8, calibrate=False, measured=False)
+    assert est.method == "traced", est.notes
+
+
 def test_a_sparse_adjacency_is_traced_as_its_index_and_value_tensors() -> None:
     # a GCN on a sparse COO adjacency (torch.sparse.mm): a sparse tensor has no storage, and the trace asked for
     # one (both traces raised, session 51). Its memory is its indices' and values'; fake ops keep no entries, so
