@@ -986,7 +986,8 @@ def _distribution_checks_off():
     so a VAE, a policy or a flow that builds a Normal (validating by default) fell back to real steps for the
     whole model. A check allocates a boolean per element while it runs and changes nothing else; one given
     validate_args=True still checks, and still falls back. Process-wide while it lasts, as the initializers'
-    skip is: a distribution made in another thread meanwhile goes unchecked."""
+    skip is: a distribution made in another thread meanwhile goes unchecked, and another thread's fake trace
+    waits for this one (Python's lock on the interpreter runs one at a time anyway)."""
     from torch.distributions import Distribution
 
     with _VALIDATION:
