@@ -73,7 +73,7 @@ def _process(c: TrainingConfig) -> list[str]:
 
 
 def _model(c: TrainingConfig) -> list[str]:
-    out = ["model = workload.build_model().to(device)"]
+    out = ["model = workload.build().to(device)  # build_model(); lazy modules made by one forward pass"]
     if c.channels_last:
         out.append("model = model.to(memory_format=torch.channels_last)  # NHWC for convolutions")
     if c.precision == Precision.bf16_pure:

@@ -35,15 +35,20 @@ def _build_meta(workload: Workload) -> Any:
     """The model without allocating: meta device, else FakeTensorMode (a build that copies real data)."""
     import torch
 
+    from torch.utils._pytree import tree_map
+
+    def on_meta(n: int) -> Any:  # a lazy module's first pass, on the meta model
+        return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, workload.make_batch(n))
+
     try:
         with torch.device("meta"):
-            return workload.build_model()
+            return workload.build(on_meta)
     except Exception:  # noqa: BLE001 - some builds need real storage (e.g. copying a loaded tensor); try fake ones
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         try:
             with FakeTensorMode(allow_non_fake_inputs=True):
-                return workload.build_model()
+                return workload.build()
         except Exception as exc:
             raise SpecError(f"workload {workload.name}: build_model() failed while fingerprinting: "
                             f"{type(exc).__name__}: {exc}") from exc

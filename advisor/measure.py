@@ -132,7 +132,7 @@ def _run(req: MeasureRequest) -> MeasureResult:
     device = "cuda" if req.mode == "cuda" else "cpu"
 
     def steps() -> None:
-        model = workload.build_model().to(device)
+        model = workload.build().to(device)
         ctx = prepare(model, workload.loss_fn, precision=req.precision, optimizer=req.optimizer, device_type=device,
                       optimizer_impl=req.optimizer_impl, checkpointing=req.checkpointing,
                       fused_backward=req.fused_backward)

@@ -54,6 +54,27 @@ class Workload(BaseModel):
     embedding_heavy: bool = Field(default=False, description="Embedding tables dominate the parameters (recommenders).")
     conv_net: bool = Field(default=False, description="A convolutional net (channels_last applies).")
 
+    def build(self, batch: Callable[[int], Any] | None = None) -> Any:
+        """`build_model()`, with its lazy modules' parameters made (nn.LazyLinear, LazyConv2d, ...: their shapes
+        come from the first input) by one forward pass without gradients on a batch of 2 (`make_batch`, or
+        `batch`), as torch's documentation tells a user to do before building an optimizer: the advisor builds
+        the optimizer, so it makes them. Any other model is returned as built. A pass that fails is a
+        WorkloadError naming the workload."""
+        model = self.build_model()
+        from torch.nn.modules.lazy import LazyModuleMixin
+
+        if not any(isinstance(m, LazyModuleMixin) and m.has_uninitialized_params() for m in model.modules()):
+            return model
+        import torch
+
+        try:
+            with torch.no_grad():
+                self.loss_fn(model, (batch or self.make_batch)(2))
+        except Exception as exc:  # noqa: BLE001 - the user's forward: any error is theirs, said in one line
+            raise WorkloadError(f"workload {self.name}: its lazy modules' parameters could not be made by a forward "
+                                f"pass on a batch of 2: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        return model
+
 
 def parse_workload_args(pairs: list[str] | None, flag: str = "--workload-arg") -> dict[str, Any]:
     """Turn ['k=v', ...] into kwargs; values are parsed as JSON where they parse, else kept as strings."""

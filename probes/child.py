@@ -189,7 +189,7 @@ def _make_context(workload: Any, c: TrainingConfig, device: str, info: Any) -> A
 
     from advisor.training import prepare
 
-    model = workload.build_model().to(device)
+    model = workload.build().to(device)
     if c.channels_last:
         model = model.to(memory_format=torch.channels_last)
     wrap = make_opt = compile_fn = None

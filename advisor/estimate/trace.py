@@ -1012,7 +1012,7 @@ def _build(workload: Workload, fake_mode: Any, skip_init: bool) -> Any:
             # is about that check, not the user's code
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             with _fresh_copies() if fake_mode is not None else contextlib.nullcontext():
-                model = workload.build_model()
+                model = workload.build(lambda n: build_batch(workload, n, fake_mode))
     except Exception as exc:
         if fake_mode is not None and not skip_init and "DataDependent" in type(exc).__name__:
             raise _BuildReadsValues(str(exc)) from exc
