@@ -1027,7 +1027,7 @@ def _fresh_copies() -> Any:
     `torch.tensor(0)` makes BatchNorm's num_batches_tracked, that raised, and left glibc's heap corrupt (the
     next trace in the process aborted): a deep copy of any module holding a BatchNorm failed, the momentum
     encoder of MoCo, BYOL or DINO, a model's EMA copy (bench/workloads/fresh7.py:moco fell back to real steps
-    for it). Parameters deep-copy through nn.Parameter's own method, a clone, as before (`_adopt_copies`)."""
+    for it). A parameter's copy is a parameter."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.overrides import TorchFunctionMode
@@ -1038,7 +1038,9 @@ def _fresh_copies() -> Any:
                 return func(*args, **(kwargs or {}))
             t, memo = args
             new = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-            if t.requires_grad:
+            if isinstance(t, torch.nn.Parameter):  # a fake parameter is a FakeTensor marked as one
+                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+            elif t.requires_grad:
                 new.requires_grad_()
             memo[id(t)] = new
             return new

@@ -289,6 +289,29 @@ def test_a_momentum_encoder_deep_copied_with_its_batch_norm_is_traced_on_fake_te
     assert fake.param_bytes == real.param_bytes
 
 
+def test_quantization_aware_training_prepared_on_fake_tensors_is_traced_as_the_real_run() -> None:
+    # torch.ao's prepare_qat deep-copies the model and hands each layer's weight, a parameter, to its QAT
+    # module, which takes only a parameter: a deep copy on fake tensors must keep it one (and fake-quantize
+    # observers update their buffers in place in every forward)
+    import torch.ao.quantization as tq
+    import torch.nn.functional as F
+    from torch import nn
+
+    from advisor.workload import Workload
+
+    def build():
+        m = nn.Sequential(tq.QuantStub(), nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 4),
+                          tq.DeQuantStub()).train()
+        m.qconfig = tq.get_default_qat_qconfig("x86")
+        return tq.prepare_qat(m)
+
+    wl = Workload(name="qat", build_model=build, make_batch=lambda n: (torch.randn(n, 3, 16, 16), torch.randint(0, 4, (n,))),
+                  loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+    kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
+    fake, real = trace_training(wl, 8, **kw), trace_training(wl, 8, fake=False, **kw)
+    assert fake.peak_bytes == real.peak_bytes and fake.param_bytes == real.param_bytes, (fake.peak_bytes, real.peak_bytes)
+
+
 def test_modules_converted_on_fake_tensors_are_traced_pure_bf16_and_as_built() -> None:
     # torch 2.13 swaps a fake parameter with its converted copy in nn.Module._apply, and the swap refused it:
     # the estimator's own pure-bf16 cast raised, so every bf16-pure estimate fell back to real steps (and a
