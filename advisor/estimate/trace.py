@@ -1050,8 +1050,10 @@ def _fresh_copies() -> Any:
 
 def _adopt_copies(model: Any, fake_mode: Any) -> Any:
     """The model's parameters and buffers that belong to another fake mode, as fake tensors of this one.
-    copy.deepcopy of a module on fake tensors makes them so (torch 2.13: FakeTensor.__deepcopy__), and
-    nn.TransformerEncoder and Decoder deep-copy their layer: an op on such a tensor converts it afresh,
+    copy.deepcopy of a module on fake tensors made them so (torch 2.13: FakeTensor.__deepcopy__) until
+    `_fresh_copies` made its copies in the trace's mode (since then none is left to adopt there: a build
+    can still keep one from an earlier trace, a buffer from a module-level cache); nn.TransformerEncoder
+    and Decoder deep-copy their layer, and an op on such a tensor converts it afresh,
     with a storage of its own each time, which the trace took for a new allocation at every use (the
     fresh3 set's CTC model, 72 of its 80 parameters: allocated +4.6% against the real peak). Each is
     replaced by an empty tensor of this mode with its shape, strides and dtype (values are not traced),
