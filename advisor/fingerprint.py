@@ -34,7 +34,6 @@ def _tensors(named) -> list[list[Any]]:
 def _build_meta(workload: Workload) -> Any:
     """The model without allocating: meta device, else FakeTensorMode (a build that copies real data)."""
     import torch
-
     from torch.utils._pytree import tree_map
 
     def on_meta(n: int) -> Any:  # a lazy module's first pass, on the meta model
