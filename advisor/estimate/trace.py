@@ -999,7 +999,7 @@ def _distribution_checks_off():
             Distribution.set_default_validate_args(saved)
 
 
-_VALIDATION = threading.Lock()
+_VALIDATION = threading.RLock()  # a trace within a trace in one thread would not wait on itself
 
 
 def _build(workload: Workload, fake_mode: Any, skip_init: bool) -> Any:
