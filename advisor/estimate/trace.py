@@ -179,9 +179,9 @@ class _Tracker:
             self.track(out, category)
             return
         self.sparse_entries[out] = entries  # for the ops that take it in turn
-        indices, values = out._indices(), out._values()
-        self.track(indices, category, nbytes=out.sparse_dim() * entries * indices.element_size())
-        self.track(values, category, nbytes=self.bytes_of(out) - out.sparse_dim() * entries * indices.element_size())
+        index_bytes, value_bytes = _coo_bytes(out, entries)
+        self.track(out._indices(), category, nbytes=index_bytes)
+        self.track(out._values(), category, nbytes=value_bytes)
 
     def bytes_of(self, t: Any) -> int:
         """A tensor's bytes; a sparse one's, its index and value tensors' (a sparse gradient's, from
@@ -193,8 +193,7 @@ class _Tracker:
         entries = self.sparse_entries.get(t)
         if entries is None or t.layout != torch.sparse_coo:
             return sum(int(p.nbytes) for p in _sparse_parts(t))
-        indices, values = t._indices(), t._values()
-        return entries * (t.sparse_dim() * indices.element_size() + math.prod(values.shape[1:]) * values.element_size())
+        return sum(_coo_bytes(t, entries))
 
     def scratch(self, *nbytes: int) -> list[int]:
         """Blocks an op holds only while it runs (a probed op's scratch, a reduction's): allocated in order,
@@ -396,6 +395,13 @@ def accumulates_in_place(args: tuple) -> bool:
     st = old.untyped_storage()
     # st's own Python object holds one reference, the tensor another: more is another tensor on it
     return torch._C._storage_Use_Count(st._cdata) == 2
+
+
+def _coo_bytes(t: Any, entries: int) -> tuple[int, int]:
+    """The bytes of sparse COO `t`'s index and value tensors were they to hold `entries` entries."""
+    values = t._values()
+    return (t.sparse_dim() * entries * t._indices().element_size(),
+            entries * math.prod(values.shape[1:]) * values.element_size())
 
 
 def _sparse_parts(t: Any) -> list[Any]:
