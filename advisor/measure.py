@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -131,14 +131,18 @@ def _run(req: MeasureRequest) -> MeasureResult:
 
     device = "cuda" if req.mode == "cuda" else "cpu"
 
-    def steps() -> None:
+    def steps(phase: Callable[[str], None] | None = None) -> None:
+        """The build and `req.steps` steps; `phase` is told "batch" before each batch is made, then what
+        train_step tells it."""
         model = workload.build().to(device)
         ctx = prepare(model, workload.loss_fn, precision=req.precision, optimizer=req.optimizer, device_type=device,
                       optimizer_impl=req.optimizer_impl, checkpointing=req.checkpointing,
                       fused_backward=req.fused_backward)
         for _ in range(req.steps):
+            if phase is not None:
+                phase("batch")
             batch = _to_device(workload.make_batch(req.batch_size), device)
-            train_step(ctx, batch)
+            train_step(ctx, batch, phase)
 
     if req.mode == "trace":
         from advisor.estimate.trace import save_trace, trace_training
@@ -167,7 +171,7 @@ def _run(req: MeasureRequest) -> MeasureResult:
         mark_peak()
         base = current_rss()
         logged = heap is not None and heap.start_logging()  # a fixed buffer: the records go to the file, not the resident set
-        steps()
+        steps(heap.phase_marks() if logged else None)
         peak = peak_rss()
         if logged:
             heap.stop_logging()

@@ -258,7 +258,8 @@ def replay_at_batch(bm: BatchModel, batch: int, results: list[MeasureResult]) ->
         if not log or not os.path.exists(log) or not os.path.getsize(log) or len(run.sizes) != len(at.sizes):
             return None
         try:
-            return heaplog.replay_at(log, int(r.rss_delta_bytes or 0), r.request.mmap_threshold, run.sizes, at.sizes)
+            return heaplog.replay_at(log, int(r.rss_delta_bytes or 0), r.request.mmap_threshold, run.sizes, at.sizes,
+                                     phases=run.phases)
         except (OSError, ValueError, subprocess.SubprocessError):
             return None
 

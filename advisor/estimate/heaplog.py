@@ -11,9 +11,10 @@ So a calibration run logs every allocation and free it makes from the build to i
 LD_PRELOAD shim over malloc, calloc, realloc, posix_memalign, memalign, aligned_alloc and free,
 compiled here on first use with the system's C compiler). The tensors' requests (torch's CPU allocator
 calls posix_memalign) are rescaled from the run's batch to the one asked about, each size mapped as
-the estimator's trace maps it between the two batches; everything else stays as logged. A small
-replayer makes the same requests in the same order through this machine's glibc, writing every byte,
-and reports its peak resident set. That peak is one draw: glibc's heap is chaotic in its history, and
+the estimator's trace maps it between the two batches, and where the trace maps one size two ways (a weight
+as large as an activation), each request as its match in the same phase of the step (the run marks its
+phases in the log); everything else stays as logged. A small replayer makes the same requests in the
+same order through this machine's glibc, writing every byte, and reports its peak resident set. That peak is one draw: glibc's heap is chaotic in its history, and
 the same requests with a few KiB held first can peak up to 25% apart, as a run's fresh processes do. So each
 log is replayed several times, each with its own few bytes held first (DRAWS). The prediction at the
 batch is the median of the rescaled logs' draws plus what the runs measured over their own logs' draws
@@ -25,14 +26,16 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import os
 import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -40,9 +43,10 @@ from advisor.procmem import malloc_env
 
 # The environment variable that tells a measured run (advisor.measure, rss mode) where to log.
 LOG_ENV = "ADVISOR_HEAP_LOG"
-# One record: (operation, returned pointer, bytes, old pointer for realloc / alignment), 4 x uint64.
+# One record: (operation, returned pointer, bytes, old pointer for realloc / alignment), 4 x uint64. A MARK
+# record (MARK, 0, the phase's number, 0) says where the run's steps enter their next phase (`phase_marks`).
 FIELDS = 4
-MALLOC, CALLOC, FREE, REALLOC, POSIX_MEMALIGN, MEMALIGN, ALIGNED_ALLOC = range(1, 8)
+MALLOC, CALLOC, FREE, REALLOC, POSIX_MEMALIGN, MEMALIGN, ALIGNED_ALLOC, MARK = range(1, 9)
 
 SHIM_C = r"""
 #define _GNU_SOURCE
@@ -94,6 +98,7 @@ int advisor_heaplog_start(const char *path) {
   __sync_lock_release(&lk);
   return 0;
 }
+int advisor_heaplog_mark(uint64_t tag) { rec(8, 0, tag, 0); return 0; }
 int advisor_heaplog_stop(void) {
   while (__sync_lock_test_and_set(&lk, 1)) {}
   if (fd >= 0) { flush(); close(fd); fd = -1; }
@@ -185,6 +190,7 @@ int main(int argc, char **argv) {
   }
   for (long i = 0; i < n; i++) {
     rec_t e = r[i]; void *p = 0;
+    if (e.op == 8) continue; /* a phase mark */
     if (e.op == 3) { void *q = take(e.ptr); if (q) free(q); continue; }
     if (e.op == 4) {
       void *q = e.extra ? take(e.extra) : 0;
@@ -272,6 +278,16 @@ def stop_logging() -> None:
     ctypes.CDLL(None).advisor_heaplog_stop()
 
 
+def phase_marks() -> Callable[[str], None]:
+    """In a logged run (`start_logging`): a callback for each phase the run's steps enter ("batch" before each
+    batch is made, then `train_step`'s), that marks it in the log with a MARK record numbered from 1, as
+    Trace.phases numbers the trace's phases after the build's 0."""
+    mark = ctypes.CDLL(None).advisor_heaplog_mark
+    mark.argtypes = [ctypes.c_uint64]
+    count = itertools.count(1)
+    return lambda _name: mark(next(count))
+
+
 def read_log(path: str | Path) -> np.ndarray:
     """(records, FIELDS) uint64."""
     return np.fromfile(path, dtype=np.uint64).reshape(-1, FIELDS)
@@ -279,14 +295,69 @@ def read_log(path: str | Path) -> np.ndarray:
 
 def size_map(sizes_from: np.ndarray, sizes_to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sorted sizes, what each becomes) between two traces of one step at two batch sizes (Trace.sizes:
-    +bytes per allocation, in the same order at both): each size as most of its allocations map it."""
-    a, b = sizes_from[sizes_from > 0], sizes_to[sizes_to > 0]
+    +bytes per allocation, in the same order at both): each size as most of its allocations map it. An allocation
+    is one of `sizes_from`'s positive entries; it may be 0 bytes at the other batch (a probed op's scratch)."""
+    grows = sizes_from > 0
+    a, b = sizes_from[grows], np.maximum(sizes_to[grows], 0)
     pairs, counts = np.unique(np.stack([a, b], axis=1), axis=0, return_counts=True)
     order = np.lexsort((-counts, pairs[:, 0]))  # by size, the most frequent target first
     pairs = pairs[order]
     first = np.ones(len(pairs), bool)
     first[1:] = pairs[1:, 0] != pairs[:-1, 0]
     return pairs[first, 0].astype(np.uint64), pairs[first, 1].astype(np.uint64)
+
+
+# The trace's steps (trace.trace_training: two) and the phases of each (batch, forward, backward, step, done),
+# numbered after the build's phase 0: a logged run's later steps are its last step's phases again.
+TRACED_STEPS = 2
+STEP_PHASES = 5
+LAST_STEP_FROM = 1 + (TRACED_STEPS - 1) * STEP_PHASES
+
+
+def traced_phase(logged: np.ndarray) -> np.ndarray:
+    """The trace's phase for each of a logged run's phases (numbered as `phase_marks` numbers them): the same up
+    to the trace's last step; a step past it, that step's phases."""
+    return np.where(logged < LAST_STEP_FROM + STEP_PHASES, logged,
+                    LAST_STEP_FROM + (logged - LAST_STEP_FROM) % STEP_PHASES)
+
+
+def rescaled(log: np.ndarray, sizes_run: np.ndarray, sizes_target: np.ndarray,
+             phases: np.ndarray | None = None) -> np.ndarray:
+    """The log with its tensors' requests resized from the run's batch to the target's (Trace.sizes at both, in
+    the same order; `phases`: Trace.phases of them). Each size as the trace resizes most of its allocations
+    (`size_map`, `rescale`), and, where the log marks its phases (`phase_marks`) and the trace resizes
+    allocations of one size in different ways (a weight as large as an activation: the one stays, the other
+    grows), each such request as the trace resizes the allocation of that size it matches in order within the
+    same phase; requests past the trace's there as most of that phase's of that size. A WGAN-GP critic's 2 MiB
+    weights and 2 MiB activations at batch 8 (bench/workloads/fresh7.py, bf16): resized by size alone, every
+    one grew 8-fold to batch 64, 138 MiB too many."""
+    out = rescale(log, *size_map(sizes_run, sizes_target))
+    marks = log[:, 0] == MARK
+    if phases is None or not marks.any():
+        return out
+    grows = sizes_run > 0
+    run, to, ph = sizes_run[grows], np.maximum(sizes_target[grows], 0), phases[grows]
+    pairs = np.unique(np.stack([run, to], axis=1), axis=0)
+    sizes, ways = np.unique(pairs[:, 0], return_counts=True)
+    ambiguous = sizes[ways > 1]
+    if not len(ambiguous):
+        return out
+    targets: dict[tuple[int, int], list[int]] = {}
+    for i in np.flatnonzero(np.isin(run, ambiguous)):
+        targets.setdefault((int(ph[i]), int(run[i])), []).append(int(to[i]))
+    most = {k: Counter(v).most_common(1)[0][0] for k, v in targets.items()}
+    logged = np.cumsum(marks)
+    phase = traced_phase(logged)
+    seen: Counter[tuple[int, int]] = Counter()
+    for i in np.flatnonzero((log[:, 0] == POSIX_MEMALIGN) & np.isin(log[:, 2].astype(np.int64), ambiguous)):
+        size = int(log[i, 2])
+        key = (int(phase[i]), size)
+        if key not in targets:
+            continue
+        k = seen[(int(logged[i]), size)]
+        seen[(int(logged[i]), size)] += 1
+        out[i, 2] = targets[key][k] if k < len(targets[key]) else most[key]
+    return out
 
 
 def rescale(log: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -331,15 +402,14 @@ class Replayed(NamedTuple):
 
 
 def replay_at(log_path: str | Path, measured: int, mmap_threshold: int | None, sizes_run: np.ndarray,
-              sizes_target: np.ndarray, draws: int = DRAWS) -> Replayed:
+              sizes_target: np.ndarray, draws: int = DRAWS, phases: np.ndarray | None = None) -> Replayed:
     """One logged run's draws: its log replayed at its own batch (under the threshold it ran with) and rescaled
-    to the target's (under glibc's default, as a user runs it), `draws` seeds each."""
+    to the target's (`rescaled`; under glibc's default, as a user runs it), `draws` seeds each."""
     own = float(np.median([replay(log_path, mmap_threshold, seed=s) for s in range(draws)]))
-    keys, values = size_map(sizes_run, sizes_target)
     with tempfile.NamedTemporaryFile(suffix=".heaplog", dir=Path(log_path).parent, delete=False) as f:
         scaled = f.name
     try:
-        rescale(read_log(log_path), keys, values).tofile(scaled)
+        rescaled(read_log(log_path), sizes_run, sizes_target, phases).tofile(scaled)
         return Replayed(int(measured - own), tuple(replay(scaled, seed=s) for s in range(draws)))
     finally:
         os.unlink(scaled)
@@ -352,6 +422,6 @@ def pooled(runs: list[Replayed]) -> int:
 
 
 def predict(log_path: str | Path, measured: int, mmap_threshold: int | None, sizes_run: np.ndarray,
-            sizes_target: np.ndarray, draws: int = DRAWS) -> int:
+            sizes_target: np.ndarray, draws: int = DRAWS, phases: np.ndarray | None = None) -> int:
     """The resident-set increase at the target batch (bytes) from one logged run (`replay_at`, `pooled`)."""
-    return pooled([replay_at(log_path, measured, mmap_threshold, sizes_run, sizes_target, draws)])
+    return pooled([replay_at(log_path, measured, mmap_threshold, sizes_run, sizes_target, draws, phases)])

@@ -34,6 +34,90 @@ def test_tensor_requests_are_resized_as_the_trace_resizes_them_and_nothing_else_
     assert (out[:, [0, 1, 3]] == log[:, [0, 1, 3]]).all()
 
 
+def test_a_zero_byte_allocation_at_one_batch_keeps_the_size_map_aligned() -> None:
+    # a probed op's scratch: 0 bytes at batch 2, 64 at batch 4; the allocations after it still pair up in order
+    at_2 = np.array([100, 0, 300, -300])
+    at_4 = np.array([200, 64, 600, -600])
+    keys, values = heaplog.size_map(at_2, at_4)
+    assert keys.tolist() == [100, 300] and values.tolist() == [200, 600]
+
+
+def _marked(records: list[tuple[int, int]]) -> np.ndarray:
+    """A log from (operation, bytes) records; MARK records number themselves from 1, as a logged run's do."""
+    rows, n = [], 0
+    for i, (op, size) in enumerate(records):
+        if op == heaplog.MARK:
+            n += 1
+            rows.append([op, 0, n, 0])
+        else:
+            rows.append([op, 0x1000 * (i + 1), size, 64 if op == heaplog.POSIX_MEMALIGN else 0])
+    return np.array(rows, dtype=np.uint64)
+
+
+def test_a_size_the_trace_resizes_two_ways_is_resized_as_its_allocation_in_the_same_phase() -> None:
+    """A 100-byte weight and 100-byte activations at batch 2 (the activations grow to 200 at 4, the weight and
+    the optimizer's 100-byte temporary stay): by size alone every 100-byte request grows or none does; in a
+    log whose phases are marked, each one as the trace's allocation it matches in its phase, a third step as the
+    second, a request past the trace's in its phase as most of that phase's, and other requests as before."""
+    pm, mark = heaplog.POSIX_MEMALIGN, heaplog.MARK
+    # the trace: build (phase 0: the weight), then two steps of batch, forward, backward, step, done (1-5, 6-10)
+    step = [(1, 100, 200), (2, 100, 200), (2, 100, 200), (3, 300, 600), (4, 100, 100)]
+    events = [(0, 100, 100)] + step + [(q + 5, a, b) for q, a, b in step]
+    at_2 = np.array([a for _, a, _ in events])
+    at_4 = np.array([b for _, _, b in events])
+    phases = np.array([q for q, _, _ in events])
+    keys, values = heaplog.size_map(at_2, at_4)
+    assert dict(zip(keys.tolist(), values.tolist()))[100] == 200  # the activations are the most
+
+    def logged_step(extra: bool = False) -> list[tuple[int, int]]:
+        forward = [(pm, 100), (pm, 100)] + [(pm, 100)] * extra + [(heaplog.MALLOC, 100)]
+        return [(mark, 0), (pm, 100), (mark, 0), *forward, (mark, 0), (pm, 300), (mark, 0), (pm, 100), (mark, 0)]
+
+    log = _marked([(pm, 100)] + logged_step() + logged_step(extra=True) + logged_step())
+    out = heaplog.rescaled(log, at_2, at_4, phases)
+    tensors = [int(size) for op, _, size, _ in out if op == pm]
+    # build; step 1; step 2 with a third forward request past the trace's two; step 3 as step 2
+    assert tensors == [100, 200, 200, 200, 600, 100,
+                       200, 200, 200, 200, 600, 100,
+                       200, 200, 200, 600, 100]
+    assert [int(r[2]) for r in out if r[0] == heaplog.MALLOC] == [100, 100, 100]  # not a tensor: as logged
+    assert (out[:, [0, 1, 3]] == log[:, [0, 1, 3]]).all() and (out[log[:, 0] == mark] == log[log[:, 0] == mark]).all()
+    # unmarked (a log from before the marks), or no phases: by size alone, as `rescale` does
+    plain = log[log[:, 0] != mark]
+    assert (heaplog.rescaled(plain, at_2, at_4, phases) == heaplog.rescale(plain, keys, values)).all()
+    assert (heaplog.rescaled(log, at_2, at_4, None) == heaplog.rescale(log, keys, values)).all()
+
+
+@needs_tools
+def test_a_logged_run_marks_its_phases_and_its_requests_resize_phase_by_phase_as_the_trace(tmp_path) -> None:
+    """An MLP whose 256 x 256 weights (and their gradients and Adam's state) are as large as its activations at
+    batch 256, logged there, its log resized to batch 1024: each phase of each of its three steps asks for the
+    tensor bytes the trace allocates in that phase at 1024 (within 1%; the first step's optimizer state is made
+    in its own). By size alone, the activations' 256 KiB requests stayed 256 KiB: a quarter of the batch's."""
+    from advisor.estimate.estimator import _batch_model
+    from advisor.estimate.model import EstimateRequest
+    from advisor.workload import load_workload
+
+    args = {"in_features": 256, "hidden": 256, "layers": 4}
+    log = str(tmp_path / "run.heaplog")
+    measure(MeasureRequest(workload="mlp", workload_args=args, batch_size=256, heap_log=log))
+    records = heaplog.read_log(log)
+    marks = records[:, 0] == heaplog.MARK
+    assert records[marks, 2].tolist() == list(range(1, 16))  # batch, forward, backward, step, done; 3 steps
+    bm = _batch_model(load_workload("mlp", args), EstimateRequest(batch_size=1024), cpu=True)
+    run, at = bm.at(256), bm.at(1024)
+    out = heaplog.rescaled(records, run.sizes, at.sizes, run.phases)
+    tensors, logged = out[:, 0] == heaplog.POSIX_MEMALIGN, np.cumsum(marks)
+    grew = 0
+    for p in range(1, 16):
+        q = heaplog.traced_phase(np.array([p]))[0]
+        traced = int(at.sizes[(run.sizes > 0) & (run.phases == q)].sum())
+        asked = int(out[tensors & (logged == p), 2].sum())
+        assert abs(asked - traced) <= 0.01 * traced + 4096, (p, asked, traced)
+        grew += asked - int(records[tensors & (logged == p), 2].sum())
+    assert grew > 3 * 15 * 256 * 256 * 4  # what the activations grew by
+
+
 @needs_tools
 def test_a_draw_starts_the_heap_with_its_seed_bytes_held_and_seed_zero_with_none(tmp_path) -> None:
     """The replayer under a seed holds 16 B to 128 KiB before the log's first request (it says how many on
