@@ -150,6 +150,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         where = "this machine's GPU" if bm.trace_a.sized_on == "cuda" else "this CPU"
         notes.append(f"{bm.trace_a.probed_copies} op shape(s) with strided inputs run once on zeros on {where}, for the "
                      "contiguous copies their kernels make inside themselves (dispatch shows none)")
+    if bm.trace_a.probed_reductions:
+        notes.append(f"{bm.trace_a.probed_reductions} reduction shape(s) run once on zeros on this CPU hold scratch "
+                     "inside their kernels (a mean over a 16-bit input sums a float32 copy of it; dispatch shows none)")
     # the calibration cache and the measured peaks both key on it; it builds the model on meta: once
     fingerprint = functools.cache(functools.partial(workload_fingerprint, wl))
     calib = None

@@ -24,7 +24,8 @@ import numpy as np
 from advisor.config import OptimizerKind, Precision
 from advisor.errors import EstimateError
 from advisor.estimate.autocast_cuda import cuda_policy
-from advisor.estimate.cuda_reduce import ReduceGpu, ReduceSpec, is_reduction, reduction_spec, scratch_slots
+from advisor.estimate.cuda_reduce import (ReduceGpu, ReduceSpec, is_reduction, reduction_ops, reduction_spec,
+                                          scratch_slots)
 from advisor.workload import Workload
 
 # Category indices of the live-bytes curve.
@@ -55,6 +56,7 @@ class Trace:
     sized_kernels: int = 0  # kernel workspaces/scratch sized by running the op for real on this machine
     sized_on: str = "cpu"  # where they were sized: "cpu" (oneDNN) or "cuda" (cuDNN, on this machine's GPU)
     probed_copies: int = 0  # op shapes with a strided input run for real, for a contiguous copy inside their kernel
+    probed_reductions: int = 0  # reduction op shapes run for real whose kernels hold scratch (`_cpu_reductions`)
     # threads whose ops call cuBLAS (`_cublas_ops`): the step's own (forward, optimizer) and autograd's backward,
     # which on CUDA runs on a device thread of its own; each gets a cuBLAS handle with a workspace (cuda_alloc)
     cublas_threads: int = 2
@@ -111,6 +113,7 @@ class _Tracker:
         self.unsized_cudnn: set[str] = set()  # with reduce_gpu: cuDNN op shapes whose workspace nothing sizes
         self.workspace_bytes: dict[str, int] = {}  # the op's shapes, dtypes and scalars -> bytes
         self.copy_probes: set[str] = set()  # keys of workspace_bytes probed for a contiguous copy of a strided input
+        self.reduction_probes: set[str] = set()  # keys of workspace_bytes probed for a reduction's scratch
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.rnn_sizes: dict[str, tuple[int, int, int]] = {}  # ... -> cuDNN's LSTM (see `_cudnn_rnn_sizes`)
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
@@ -298,6 +301,8 @@ def _dispatch_mode(tracker: _Tracker):
                 out = _cudnn_rnn_backward_scratch(tracker, args, out)
             elif tracker.cpu_workspaces and func in _scratch_ops():
                 _real_scratch(tracker, func, args, kwargs)
+            elif tracker.cpu_workspaces and func in _cpu_reductions():
+                _real_scratch(tracker, func, args, kwargs, reduction=True)
             elif tracker.cpu_workspaces and _may_copy_strided(func, args, kwargs):
                 _real_scratch(tracker, func, args, kwargs, copy=True)
             elif tracker.cuda_workspaces and func in _cuda_scratch_ops():
@@ -694,6 +699,19 @@ def _scratch_ops() -> frozenset:
                       aten.convolution_backward.default})
 
 
+@functools.lru_cache(maxsize=1)
+def _cpu_reductions() -> frozenset:
+    """Reductions, whose CPU kernels may allocate inside themselves through torch's allocator: a mean over a
+    16-bit float input sums a float32 copy of it, twice the input's bytes (measured here: bf16 and fp16 alike,
+    over all dimensions or some; a sum does not copy), and logsumexp holds a buffer of its input's size in any
+    dtype. The hypernetwork of bench/workloads/fresh8.py, bf16 adamw, pools (batch, 256, 128) activations with
+    a mean: its live peak was 10.6 MiB over the trace at batch 128, the float32 copy raising it, and exact at 96,
+    where the copy fell at a lower moment of the step."""
+    import torch
+
+    return reduction_ops() | {torch.ops.aten.logsumexp.default}
+
+
 @contextlib.contextmanager
 def _stderr_to_devnull():
     """The profiler's C++ side writes a line to fd 2 as it starts and stops; keep it off the user's screen."""
@@ -711,12 +729,16 @@ def _stderr_to_devnull():
         os.close(devnull)
 
 
-def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None = None, copy: bool = False) -> None:
+def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None = None, copy: bool = False,
+                  reduction: bool = False) -> None:
     """A kernel that allocates scratch inside itself (oneDNN's convolutions and RNN backward, sized by
     the algorithm it picks for this CPU and shape; a contiguous copy of a strided input,
-    `_may_copy_strided`): run it once on real zeros of the same strides under the profiler, and
-    record a fake allocation of the scratch's size that dies at once, so the trace's peak sees it
-    beside the op's outputs. `copy`: probed for a contiguous copy (counted apart, Trace.probed_copies)."""
+    `_may_copy_strided`; a reduction's, `_cpu_reductions`): run it once on real zeros of the same strides
+    under the profiler, and record a fake allocation of the scratch's size that dies at once, so the trace's
+    peak sees it beside the op's outputs. `copy`: probed for a contiguous copy (counted apart,
+    Trace.probed_copies). The scratch is the probe's peak over what it held before (its outputs counted in
+    it), or, `reduction` (counted apart, Trace.probed_reductions), over the outputs it leaves: a reduction's
+    output, which the trace holds already, can be as large as its input where the reduced dimension is short."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.profiler import ProfilerActivity, profile
@@ -733,23 +755,28 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
             try:
                 real, real_kwargs = _real_like((args, kwargs))
                 with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                    func(*real, **real_kwargs)
+                    outputs = func(*real, **real_kwargs)
+                    if not reduction:
+                        del outputs
                 peak, final = replay_memory_events(prof)
             except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
                 peak = final = 0
         return max(0, peak - final)
 
-    tracker.scratch(_probed_bytes(tracker, func, args, kwargs, copy, size))
+    tracker.scratch(_probed_bytes(tracker, func, args, kwargs, copy, size, reduction))
 
 
-def _probed_bytes(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy: bool, size: Callable[[], int]) -> int:
+def _probed_bytes(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy: bool, size: Callable[[], int],
+                  reduction: bool = False) -> int:
     """The scratch of one op shape, measured by `size()` the first time it is seen (cached by
-    `_probe_key`); 0 where its inputs are past PROBE_INPUT_LIMIT. `copy`: see `_real_scratch`."""
+    `_probe_key`); 0 where its inputs are past PROBE_INPUT_LIMIT. `copy`, `reduction`: see `_real_scratch`."""
     if not _affordable((args, kwargs)):
         return 0
     key = _probe_key(func, args, kwargs)
     if copy:
         tracker.copy_probes.add(key)
+    if reduction:
+        tracker.reduction_probes.add(key)
     if key not in tracker.workspace_bytes:
         tracker.workspace_bytes[key] = size()
     return tracker.workspace_bytes[key]
@@ -1202,11 +1229,14 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
     curve, sizes, ids, untouched = _replay(tracker)
     phases = np.searchsorted(np.asarray(tracker.phase_marks, dtype=np.int64), np.arange(len(ids)), side="right")
     copies = len(tracker.copy_probes)
+    # reductions whose kernels hold scratch: the others, most, were probed for nothing
+    reductions = sum(tracker.workspace_bytes[k] > 0 for k in tracker.reduction_probes)
     return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, phases=phases.astype(np.int64),
                  param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
-                 sized_kernels=len(tracker.workspace_bytes) - copies, probed_copies=copies,
+                 sized_kernels=len(tracker.workspace_bytes) - copies - len(tracker.reduction_probes),
+                 probed_copies=copies, probed_reductions=reductions,
                  sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=sum(kind == "cublas" for _, kind in tracker.cublas_at),
                  cublas_at=tuple(sorted((i, kind) for (_, kind), i in tracker.cublas_at.items())),
                  reduce_scratch=len(tracker.reduce_scratch), reduce_gpu=tracker.reduce_gpu,
