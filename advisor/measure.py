@@ -132,8 +132,8 @@ def _run(req: MeasureRequest) -> MeasureResult:
     device = "cuda" if req.mode == "cuda" else "cpu"
 
     def steps(phase: Callable[[str], None] | None = None) -> None:
-        """The build and `req.steps` steps; `phase` is told "batch" before each batch is made, then what
-        train_step tells it."""
+        """The build and `req.steps` steps; `phase` is told each step's phases as the tracer marks them
+        (trace.STEP_PHASES: "batch" before its batch is made, then what train_step tells it)."""
         model = workload.build().to(device)
         ctx = prepare(model, workload.loss_fn, precision=req.precision, optimizer=req.optimizer, device_type=device,
                       optimizer_impl=req.optimizer_impl, checkpointing=req.checkpointing,

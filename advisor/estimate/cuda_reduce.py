@@ -307,11 +307,6 @@ def is_reduction(func: Any) -> bool:
     return func in _families()
 
 
-def reduction_ops() -> frozenset:
-    """The aten reductions this module works out scratch for (`is_reduction`)."""
-    return frozenset(_families())
-
-
 @dataclass(frozen=True)
 class ReduceSpec:
     """What decides a reduction's scratch: the op family, its input's shape, strides (elements) and offset, the

@@ -14,12 +14,12 @@ calls posix_memalign) are rescaled from the run's batch to the one asked about, 
 the estimator's trace maps it between the two batches, and where the trace maps one size two ways (a weight
 as large as an activation), each request as its match in the same phase of the step (the run marks its
 phases in the log); everything else stays as logged. A small replayer makes the same requests in the
-same order through this machine's glibc, writing every byte, and reports its peak resident set. That peak is one draw: glibc's heap is chaotic in its history, and
-the same requests with a few KiB held first can peak up to 25% apart, as a run's fresh processes do. So each
-log is replayed several times, each with its own few bytes held first (DRAWS). The prediction at the
-batch is the median of the rescaled logs' draws plus what the runs measured over their own logs' draws
-(the process's other pages). Where no C compiler or no glibc is found, nothing is logged and the
-estimate says so.
+same order through this machine's glibc, writing every byte, and reports its peak resident set. That
+peak is one draw: glibc's heap is chaotic in its history, and the same requests with a few KiB held
+first can peak up to 25% apart, as a run's fresh processes do. So each log is replayed several times,
+each with its own few bytes held first (DRAWS). The prediction at the batch is the median of the
+rescaled logs' draws plus what the runs measured over their own logs' draws (the process's other pages).
+Where no C compiler or no glibc is found, nothing is logged and the estimate says so.
 """
 
 from __future__ import annotations
@@ -307,18 +307,14 @@ def size_map(sizes_from: np.ndarray, sizes_to: np.ndarray) -> tuple[np.ndarray, 
     return pairs[first, 0].astype(np.uint64), pairs[first, 1].astype(np.uint64)
 
 
-# The trace's steps (trace.trace_training: two) and the phases of each (batch, forward, backward, step, done),
-# numbered after the build's phase 0: a logged run's later steps are its last step's phases again.
-TRACED_STEPS = 2
-STEP_PHASES = 5
-LAST_STEP_FROM = 1 + (TRACED_STEPS - 1) * STEP_PHASES
-
-
 def traced_phase(logged: np.ndarray) -> np.ndarray:
-    """The trace's phase for each of a logged run's phases (numbered as `phase_marks` numbers them): the same up
-    to the trace's last step; a step past it, that step's phases."""
-    return np.where(logged < LAST_STEP_FROM + STEP_PHASES, logged,
-                    LAST_STEP_FROM + (logged - LAST_STEP_FROM) % STEP_PHASES)
+    """The trace's phase for each of a logged run's phases (numbered as `phase_marks` numbers them, after the
+    build's 0): the same up to the trace's last step (trace.TRACED_STEPS); a step past it, that step's phases."""
+    from advisor.estimate.trace import STEP_PHASES, TRACED_STEPS
+
+    per_step = len(STEP_PHASES)
+    last_from = 1 + (TRACED_STEPS - 1) * per_step
+    return np.where(logged < last_from + per_step, logged, last_from + (logged - last_from) % per_step)
 
 
 def rescaled(log: np.ndarray, sizes_run: np.ndarray, sizes_target: np.ndarray,

@@ -24,8 +24,7 @@ import numpy as np
 from advisor.config import OptimizerKind, Precision
 from advisor.errors import EstimateError
 from advisor.estimate.autocast_cuda import cuda_policy
-from advisor.estimate.cuda_reduce import (ReduceGpu, ReduceSpec, is_reduction, reduction_ops, reduction_spec,
-                                          scratch_slots)
+from advisor.estimate.cuda_reduce import ReduceGpu, ReduceSpec, is_reduction, reduction_spec, scratch_slots
 from advisor.workload import Workload
 
 # Category indices of the live-bytes curve.
@@ -36,6 +35,12 @@ CATEGORY_NAMES = ("parameters", "gradients", "optimizer_state", "activations", "
                   "param_copies")
 _PHASE_LABEL = {"build": PARAMS, "batch": INPUTS, "forward": ACTIVATIONS, "backward": TEMPORARIES,
                 "step": STEP_TEMPS, "done": TEMPORARIES}
+
+
+# A trace is the build (phase 0) and TRACED_STEPS training steps, each in these phases in turn (Trace.phases);
+# a logged run marks the same ones (heaplog.phase_marks).
+TRACED_STEPS = 2
+STEP_PHASES = ("batch", "forward", "backward", "step", "done")
 
 
 @dataclass
@@ -56,7 +61,7 @@ class Trace:
     sized_kernels: int = 0  # kernel workspaces/scratch sized by running the op for real on this machine
     sized_on: str = "cpu"  # where they were sized: "cpu" (oneDNN) or "cuda" (cuDNN, on this machine's GPU)
     probed_copies: int = 0  # op shapes with a strided input run for real, for a contiguous copy inside their kernel
-    probed_reductions: int = 0  # reduction op shapes run for real whose kernels hold scratch (`_cpu_reductions`)
+    probed_reductions: int = 0  # reduction op shapes run for real whose kernels hold scratch (`_cpu_reduction`)
     # threads whose ops call cuBLAS (`_cublas_ops`): the step's own (forward, optimizer) and autograd's backward,
     # which on CUDA runs on a device thread of its own; each gets a cuBLAS handle with a workspace (cuda_alloc)
     cublas_threads: int = 2
@@ -301,7 +306,7 @@ def _dispatch_mode(tracker: _Tracker):
                 out = _cudnn_rnn_backward_scratch(tracker, args, out)
             elif tracker.cpu_workspaces and func in _scratch_ops():
                 _real_scratch(tracker, func, args, kwargs)
-            elif tracker.cpu_workspaces and func in _cpu_reductions():
+            elif tracker.cpu_workspaces and _cpu_reduction(func):
                 _real_scratch(tracker, func, args, kwargs, reduction=True)
             elif tracker.cpu_workspaces and _may_copy_strided(func, args, kwargs):
                 _real_scratch(tracker, func, args, kwargs, copy=True)
@@ -699,9 +704,8 @@ def _scratch_ops() -> frozenset:
                       aten.convolution_backward.default})
 
 
-@functools.lru_cache(maxsize=1)
-def _cpu_reductions() -> frozenset:
-    """Reductions, whose CPU kernels may allocate inside themselves through torch's allocator: a mean over a
+def _cpu_reduction(func: Any) -> bool:
+    """Whether the op is a reduction, whose CPU kernel may allocate inside themselves through torch's allocator: a mean over a
     16-bit float input sums a float32 copy of it, twice the input's bytes (measured here: bf16 and fp16 alike,
     over all dimensions or some; a sum does not copy), and logsumexp holds a buffer of its input's size in any
     dtype. The hypernetwork of bench/workloads/fresh8.py, bf16 adamw, pools (batch, 256, 128) activations with
@@ -709,7 +713,7 @@ def _cpu_reductions() -> frozenset:
     where the copy fell at a lower moment of the step."""
     import torch
 
-    return reduction_ops() | {torch.ops.aten.logsumexp.default}
+    return is_reduction(func) or func is torch.ops.aten.logsumexp.default
 
 
 @contextlib.contextmanager
@@ -733,7 +737,7 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
                   reduction: bool = False) -> None:
     """A kernel that allocates scratch inside itself (oneDNN's convolutions and RNN backward, sized by
     the algorithm it picks for this CPU and shape; a contiguous copy of a strided input,
-    `_may_copy_strided`; a reduction's, `_cpu_reductions`): run it once on real zeros of the same strides
+    `_may_copy_strided`; a reduction's, `_cpu_reduction`): run it once on real zeros of the same strides
     under the profiler, and record a fake allocation of the scratch's size that dies at once, so the trace's
     peak sees it beside the op's outputs. `copy`: probed for a contiguous copy (counted apart,
     Trace.probed_copies). The scratch is the probe's peak over what it held before (its outputs counted in
@@ -1187,7 +1191,7 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
             param_bytes = sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
             tracker.param_keys = {p.untyped_storage()._cdata for p in model.parameters()}
             grad_bytes = 0
-            for it in range(2):
+            for it in range(TRACED_STEPS):
                 tracker.set_phase("batch")
                 with tracker.off_device(device == "cuda"):
                     batch = build_batch(workload, batch_size, fake_mode)
