@@ -80,14 +80,19 @@ class MeasureResult(BaseModel):
     seconds: float
 
 
-def replay_memory_events(prof) -> tuple[int, int]:
-    """(peak, final) of the running sum of the profiler's CPU [memory] events in time order (bytes)."""
+def memory_events(prof) -> list[int]:
+    """The profiler's CPU [memory] events in time order: bytes allocated (+) or freed (-)."""
     # The kineto results hold every allocator report, in order; prof.events() folds most into ops.
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type().name == "CPU"]
     events.sort(key=lambda e: e.start_ns())
+    return [int(e.nbytes()) for e in events]
+
+
+def replay_memory_events(prof) -> tuple[int, int]:
+    """(peak, final) of the running sum of the profiler's CPU [memory] events in time order (bytes)."""
     live = peak = 0
-    for e in events:
-        live += e.nbytes()
+    for n in memory_events(prof):
+        live += n
         peak = max(peak, live)
     return peak, live
 

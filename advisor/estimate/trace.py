@@ -116,9 +116,10 @@ class _Tracker:
         self.reduce_specs: list[tuple[int, int, ReduceSpec]] = []  # see Trace.reduce_specs
         self.ctc_bounded = 0  # ctc_loss calls whose target lengths were tensors: sized at their bound (_ctc_fake)
         self.unsized_cudnn: set[str] = set()  # with reduce_gpu: cuDNN op shapes whose workspace nothing sizes
-        self.workspace_bytes: dict[str, int] = {}  # the op's shapes, dtypes and scalars -> bytes
-        self.copy_probes: set[str] = set()  # keys of workspace_bytes probed for a contiguous copy of a strided input
-        self.reduction_probes: set[str] = set()  # keys of workspace_bytes probed for a reduction's scratch
+        self.workspace_bytes: dict[str, int] = {}  # an LSTM layer's shapes, dtypes and scalars -> its workspace's bytes
+        self.probed: dict[str, tuple[int, ...]] = {}  # a probed op's shapes, ... -> its scratch's blocks (`_probed_blocks`)
+        self.copy_probes: set[str] = set()  # keys of `probed` probed for a contiguous copy of a strided input
+        self.reduction_probes: set[str] = set()  # keys of `probed` probed for a reduction's scratch
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.rnn_sizes: dict[str, tuple[int, int, int]] = {}  # ... -> cuDNN's LSTM (see `_cudnn_rnn_sizes`)
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
@@ -523,7 +524,7 @@ def _cudnn_rnn_sizes(tracker: _Tracker, tensors: tuple, hidden: int, mode: int,
     fake op keeps a workspace of 0 bytes; the workspaces come from the caching allocator inside each
     op and are freed before it returns. Measured by running `_cudnn_rnn` and `_cudnn_rnn_backward`
     once on zeros, each workspace as the allocator's peak over what its op leaves allocated
-    (`_cuda_scratch_of`), cached as one probed shape (`_probed_bytes`); 0 for what cannot run here
+    (`_cuda_scratch_of`), cached as one probed shape (`_probed_blocks`); 0 for what cannot run here
     (the trace then counts none of it, as on other targets). A real multi-layer LSTM runs all layers
     in one cuDNN call, whose reserve space also holds the layers' outputs the CPU trace keeps as
     tensors: taken per layer, the estimate counts those (L - 1) outputs twice."""
@@ -535,7 +536,7 @@ def _cudnn_rnn_sizes(tracker: _Tracker, tensors: tuple, hidden: int, mode: int,
     inp, weights, hx, cx = tensors[0], tensors[1:5], tensors[5], tensors[6]
     key = _probe_key(torch.ops.aten._cudnn_rnn.default, tensors)
 
-    def size() -> int:  # the reserve space; all three sizes go to tracker.rnn_sizes
+    def size() -> tuple[int]:  # the reserve space; all three sizes go to tracker.rnn_sizes
         tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32
         sizes = (0, 0, 0)
         with unset_fake_temporarily():
@@ -562,9 +563,9 @@ def _cudnn_rnn_sizes(tracker: _Tracker, tensors: tuple, hidden: int, mode: int,
             finally:
                 torch.backends.cudnn.allow_tf32 = tf32
         tracker.rnn_sizes[key] = sizes
-        return sizes[0]
+        return sizes[:1]
 
-    _probed_bytes(tracker, torch.ops.aten._cudnn_rnn.default, tensors, {}, False, size)
+    _probed_blocks(tracker, torch.ops.aten._cudnn_rnn.default, tensors, {}, False, size)
     return tracker.rnn_sizes.get(key, (0, 0, 0))  # absent: inputs past PROBE_INPUT_LIMIT
 
 
@@ -738,9 +739,9 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
     """A kernel that allocates scratch inside itself (oneDNN's convolutions and RNN backward, sized by
     the algorithm it picks for this CPU and shape; a contiguous copy of a strided input,
     `_may_copy_strided`; a reduction's, `_cpu_reduction`): run it once on real zeros of the same strides
-    under the profiler, and record a fake allocation of the scratch's size that dies at once, so the trace's
-    peak sees it beside the op's outputs. `copy`: probed for a contiguous copy (counted apart,
-    Trace.probed_copies). The scratch is the probe's peak over what it held before (its outputs counted in
+    under the profiler, and record two fake allocations of the scratch's size that die at once
+    (`_scratch_blocks`: its largest block and the rest), so the trace's peak sees it beside the op's outputs.
+    `copy`: probed for a contiguous copy (counted apart, Trace.probed_copies). The scratch is the probe's peak over what it held before (its outputs counted in
     it), or, `reduction` (counted apart, Trace.probed_reductions), over the outputs it leaves: a reduction's
     output, which the trace holds already, can be as large as its input where the reduced dimension is short."""
     import torch
@@ -748,13 +749,13 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
     from torch.profiler import ProfilerActivity, profile
     from torch.utils._pytree import tree_flatten
 
-    from advisor.measure import replay_memory_events
+    from advisor.measure import memory_events
 
     kwargs = kwargs or {}
     if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]):
         return
 
-    def size() -> int:
+    def blocks() -> tuple[int, int]:
         with unset_fake_temporarily():
             try:
                 real, real_kwargs = _real_like((args, kwargs))
@@ -762,28 +763,55 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
                     outputs = func(*real, **real_kwargs)
                     if not reduction:
                         del outputs
-                peak, final = replay_memory_events(prof)
+                return _scratch_blocks(memory_events(prof))
             except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
-                peak = final = 0
-        return max(0, peak - final)
+                return 0, 0
 
-    tracker.scratch(_probed_bytes(tracker, func, args, kwargs, copy, size, reduction))
+    tracker.scratch(*_probed_blocks(tracker, func, args, kwargs, copy, blocks, reduction, count=2))
 
 
-def _probed_bytes(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy: bool, size: Callable[[], int],
-                  reduction: bool = False) -> int:
-    """The scratch of one op shape, measured by `size()` the first time it is seen (cached by
-    `_probe_key`); 0 where its inputs are past PROBE_INPUT_LIMIT. `copy`, `reduction`: see `_real_scratch`."""
+def _scratch_blocks(events: list[int]) -> tuple[int, int]:
+    """A probe's scratch from its allocator's events in order (bytes allocated +, freed -): the peak of their
+    running sum over where it ends, as (the largest block live at the peak that is freed by the end, the rest).
+    In the kernel's own sizes, so that a calibration run's heap log, which requests them, is resized with the
+    trace (heaplog.rescaled). A mean over bf16 (16, 256, 128) on this CPU allocates 8 KiB and a float32 copy of
+    2 MiB; one block of their sum, 2105344 bytes, was a size the run's log never requests, and its replay at
+    batch 128 kept the run's 2 MiB where the kernel takes 16 (bench/workloads/fresh8.py's hypernetwork). Frees
+    are paired with the last live allocation of their size (the events carry no addresses)."""
+    live: list[tuple[int, int]] = []  # (event index, bytes) allocated and not yet freed
+    total = peak = 0
+    at_peak: list[tuple[int, int]] = []
+    for i, n in enumerate(events):
+        total += n
+        if n > 0:
+            live.append((i, n))
+        elif n < 0:
+            j = next((k for k in range(len(live) - 1, -1, -1) if live[k][1] == -n), None)
+            if j is not None:
+                del live[j]
+        if total > peak:
+            peak, at_peak = total, list(live)
+    scratch = max(0, peak - total)
+    kept = {i for i, _ in live}
+    largest = min(scratch, max((n for i, n in at_peak if i not in kept), default=0))
+    return largest, scratch - largest
+
+
+def _probed_blocks(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy: bool,
+                   blocks: Callable[[], tuple[int, ...]], reduction: bool = False, count: int = 1) -> tuple[int, ...]:
+    """The scratch of one op shape, `count` blocks measured by `blocks()` the first time it is seen (cached by
+    `_probe_key`); 0 bytes each where its inputs are past PROBE_INPUT_LIMIT. `copy`, `reduction`: see
+    `_real_scratch`."""
     if not _affordable((args, kwargs)):
-        return 0
+        return (0,) * count
     key = _probe_key(func, args, kwargs)
     if copy:
         tracker.copy_probes.add(key)
     if reduction:
         tracker.reduction_probes.add(key)
-    if key not in tracker.workspace_bytes:
-        tracker.workspace_bytes[key] = size()
-    return tracker.workspace_bytes[key]
+    if key not in tracker.probed:
+        tracker.probed[key] = tuple(blocks())
+    return tracker.probed[key]
 
 
 @functools.lru_cache(maxsize=1)
@@ -830,21 +858,21 @@ def _cuda_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, out: 
     if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]):
         return out
 
-    def size() -> int:
+    def size() -> tuple[int]:
         tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, tracker.cudnn_tf32  # as training sets it
         with unset_fake_temporarily():
             try:
                 real, real_kwargs = _real_like((args, kwargs), "cuda")
-                return _cuda_scratch_of(lambda: func(*real, **real_kwargs))[1]
+                return (_cuda_scratch_of(lambda: func(*real, **real_kwargs))[1],)
             except Exception:  # noqa: BLE001 - no kernel or no room for it on the GPU now: nothing sized, never a failed trace
-                return 0
+                return (0,)
             finally:
                 torch.backends.cudnn.allow_tf32 = tf32
 
-    n = _probed_bytes(tracker, func, args, kwargs, copy, size)
+    n = _probed_blocks(tracker, func, args, kwargs, copy, size)
     for t in tree_flatten(out)[0]:
         tracker.track(t)
-    tracker.scratch(n)
+    tracker.scratch(*n)
     return out
 
 
@@ -1228,18 +1256,18 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
             raise EstimateError(f"cannot trace {workload.name} on fake tensors: its code reads a tensor's value "
                                 f"(data-dependent control flow, {type(exc).__name__})") from exc
         raise EstimateError(f"cannot trace {workload.name} on {'fake' if fake else 'real'} tensors: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    if tracker.cuda_workspaces and tracker.workspace_bytes:
+    if tracker.cuda_workspaces and (tracker.workspace_bytes or tracker.probed):
         torch.cuda.empty_cache()  # the probes' blocks go back to the device, not kept by this process
     curve, sizes, ids, untouched = _replay(tracker)
     phases = np.searchsorted(np.asarray(tracker.phase_marks, dtype=np.int64), np.arange(len(ids)), side="right")
     copies = len(tracker.copy_probes)
     # reductions whose kernels hold scratch: the others, most, were probed for nothing
-    reductions = sum(tracker.workspace_bytes[k] > 0 for k in tracker.reduction_probes)
+    reductions = sum(sum(tracker.probed[k]) > 0 for k in tracker.reduction_probes)
     return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, phases=phases.astype(np.int64),
                  param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
-                 sized_kernels=len(tracker.workspace_bytes) - copies - len(tracker.reduction_probes),
+                 sized_kernels=len(tracker.workspace_bytes) + len(tracker.probed) - copies - len(tracker.reduction_probes),
                  probed_copies=copies, probed_reductions=reductions,
                  sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=sum(kind == "cublas" for _, kind in tracker.cublas_at),
                  cublas_at=tuple(sorted((i, kind) for (_, kind), i in tracker.cublas_at.items())),

@@ -110,6 +110,23 @@ def test_a_reductions_float32_copy_of_a_bf16_input_is_measured_where_the_target_
         probed = trace_training(wl, 8, cpu_workspaces=True, **kw)
         assert (real - plain.peak_bytes >= 8 << 20) is copied, (precision, real, plain.peak_bytes)
         assert probed.peak_bytes == pytest.approx(real, rel=0.005), (precision, probed.peak_bytes, real)
+        if copied:  # in the kernel's own size, which a heap log requests, at either batch: the log resizes with it
+            for batch in (8, 16):
+                at = probed if batch == 8 else trace_training(wl, batch, cpu_workspaces=True, **kw)
+                assert batch * 512 * 512 * 4 in set(at.sizes.tolist()), (batch, sorted(set(at.sizes.tolist()))[-6:])
+
+
+def test_a_probes_scratch_is_split_into_its_largest_block_and_the_rest() -> None:
+    from advisor.estimate.trace import _scratch_blocks
+
+    # a mean over bf16 (16, 256, 128) here: its 4 KiB output kept, 8 KiB and a 2 MiB float32 copy freed inside
+    assert _scratch_blocks([4096, 8192, 2 << 20, -(2 << 20), 8, 4, -4, -8, -8192]) == (2 << 20, 8192)
+    # the largest block at the peak is one freed by the end, not the output that stays (a short reduced dimension)
+    assert _scratch_blocks([64 << 20, 1 << 20, -(1 << 20)]) == (1 << 20, 0)
+    # frees pair with the last live block of their size; a block freed before the peak is not in it
+    assert _scratch_blocks([10, 20, -20, 5, -5, -10]) == (20, 10)
+    assert _scratch_blocks([30, -30, 8, 4, -4, -8]) == (30, 0)
+    assert _scratch_blocks([]) == (0, 0)
 
 
 def test_traces_probed_for_copies_at_two_batch_sizes_extrapolate_per_allocation() -> None:
