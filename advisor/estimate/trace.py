@@ -1076,13 +1076,71 @@ def _build(workload: Workload, fake_mode: Any, skip_init: bool) -> Any:
             # copy.deepcopy of a fake parameter asks for its data pointer (torch/_tensor.py): torch's warning
             # is about that check, not the user's code
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            with _fresh_copies() if fake_mode is not None else contextlib.nullcontext():
+            fake = fake_mode is not None
+            with _fresh_copies() if fake else contextlib.nullcontext(), _lazy_on_fake() if fake else contextlib.nullcontext():
                 model = workload.build(lambda n: build_batch(workload, n, fake_mode))
     except Exception as exc:
         if fake_mode is not None and not skip_init and "DataDependent" in type(exc).__name__:
             raise _BuildReadsValues(str(exc)) from exc
         raise
     return _adopt_copies(model, fake_mode) if fake_mode is not None else model
+
+
+@contextlib.contextmanager
+def _lazy_on_fake() -> Any:
+    """For the build on fake tensors: lazy modules (nn.LazyLinear, LazyConv2d, LazyBatchNorm2d, ...). torch 2.13
+    cannot make their uninitialized parameters and buffers over a fake tensor (UninitializedParameter's
+    `_make_subclass` raises on one), and a materialized one keeps the real object, which cannot become fake; the
+    estimate fell back to real steps for any model with one. Here each is made real and empty (no bytes) until
+    the module's first forward (`Workload.build` runs one on a batch of 2), where the shape it infers is made a
+    fake tensor of the trace's mode and put in the module's table in its place. Outside a lazy module's first
+    forward in this build, torch's own `materialize` runs. Process-wide while it lasts, under the lock that
+    `_distribution_checks_off` takes: another thread's fake trace waits."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.nn.modules.lazy import LazyModuleMixin
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
+
+    new_param, new_buffer = UninitializedParameter.__new__, UninitializedBuffer.__new__
+    materialize, infer = UninitializedTensorMixin.materialize, LazyModuleMixin._infer_parameters
+    inferring: list[Any] = []  # the lazy modules whose first forward is running, innermost last
+
+    def real_param(cls: type, *args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return new_param(cls, *args, **kwargs)
+
+    def real_buffer(cls: type, *args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return new_buffer(cls, *args, **kwargs)
+
+    def fake_in_place(self: Any, shape: Any, device: Any = None, dtype: Any = None) -> None:
+        owner = inferring[-1] if inferring else None
+        tables = (owner._parameters, owner._buffers) if owner is not None else ()
+        found = next(((t, k) for t in tables for k, v in t.items() if v is self), None)
+        if found is None:
+            return materialize(self, shape, device, dtype)
+        with unset_fake_temporarily():
+            device, dtype = device or self.device, dtype or self.dtype
+        made = torch.empty(shape, device=device, dtype=dtype)
+        table, name = found
+        table[name] = torch.nn.Parameter(made, requires_grad=self.requires_grad) \
+            if isinstance(self, UninitializedParameter) else made
+
+    def first_forward(self: Any, module: Any, args: Any, kwargs: Any = None) -> Any:
+        inferring.append(module)
+        try:
+            return infer(self, module, args, kwargs)
+        finally:
+            inferring.pop()
+
+    with _VALIDATION:
+        UninitializedParameter.__new__, UninitializedBuffer.__new__ = real_param, real_buffer
+        UninitializedTensorMixin.materialize, LazyModuleMixin._infer_parameters = fake_in_place, first_forward
+        try:
+            yield
+        finally:
+            UninitializedParameter.__new__, UninitializedBuffer.__new__ = new_param, new_buffer
+            UninitializedTensorMixin.materialize, LazyModuleMixin._infer_parameters = materialize, infer
 
 
 def _fresh_copies() -> Any:
