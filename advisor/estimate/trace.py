@@ -741,9 +741,10 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
     `_may_copy_strided`; a reduction's, `_cpu_reduction`): run it once on real zeros of the same strides
     under the profiler, and record two fake allocations of the scratch's size that die at once
     (`_scratch_blocks`: its largest block and the rest), so the trace's peak sees it beside the op's outputs.
-    `copy`: probed for a contiguous copy (counted apart, Trace.probed_copies). The scratch is the probe's peak over what it held before (its outputs counted in
-    it), or, `reduction` (counted apart, Trace.probed_reductions), over the outputs it leaves: a reduction's
-    output, which the trace holds already, can be as large as its input where the reduced dimension is short."""
+    `copy`: probed for a contiguous copy (counted apart, Trace.probed_copies). The scratch is the probe's peak
+    over what it held before (its outputs counted in it), or, `reduction` (counted apart,
+    Trace.probed_reductions), over the outputs it leaves: a reduction's output, which the trace holds already,
+    can be as large as its input where the reduced dimension is short."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.profiler import ProfilerActivity, profile
@@ -1077,7 +1078,8 @@ def _build(workload: Workload, fake_mode: Any, skip_init: bool) -> Any:
             # is about that check, not the user's code
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             fake = fake_mode is not None
-            with _fresh_copies() if fake else contextlib.nullcontext(), _lazy_on_fake() if fake else contextlib.nullcontext():
+            with (_fresh_copies() if fake else contextlib.nullcontext(),
+                  _lazy_on_fake() if fake else contextlib.nullcontext()):
                 model = workload.build(lambda n: build_batch(workload, n, fake_mode))
     except Exception as exc:
         if fake_mode is not None and not skip_init and "DataDependent" in type(exc).__name__:
