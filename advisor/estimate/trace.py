@@ -1107,13 +1107,11 @@ def _lazy_on_fake() -> Any:
     materialize, infer = UninitializedTensorMixin.materialize, LazyModuleMixin._infer_parameters
     inferring: list[Any] = []  # the lazy modules whose first forward is running, innermost last
 
-    def real_param(cls: type, *args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return new_param(cls, *args, **kwargs)
-
-    def real_buffer(cls: type, *args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return new_buffer(cls, *args, **kwargs)
+    def made_real(new: Callable[..., Any]) -> Callable[..., Any]:
+        def make(cls: type, *args: Any, **kwargs: Any) -> Any:
+            with unset_fake_temporarily():
+                return new(cls, *args, **kwargs)
+        return make
 
     def fake_in_place(self: Any, shape: Any, device: Any = None, dtype: Any = None) -> None:
         owner = inferring[-1] if inferring else None
@@ -1136,7 +1134,7 @@ def _lazy_on_fake() -> Any:
             inferring.pop()
 
     with _VALIDATION:
-        UninitializedParameter.__new__, UninitializedBuffer.__new__ = real_param, real_buffer
+        UninitializedParameter.__new__, UninitializedBuffer.__new__ = made_real(new_param), made_real(new_buffer)
         UninitializedTensorMixin.materialize, LazyModuleMixin._infer_parameters = fake_in_place, first_forward
         try:
             yield
