@@ -17,6 +17,7 @@ The same real traces stand in for the fake one for a model that cannot be traced
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import tempfile
@@ -81,17 +82,31 @@ class Calibration(CpuCalibration):
         return max(share, self.repeat_noise(resident))
 
     def repeat_noise(self, resident: float = 0.0) -> float:
-        """The widest range between runs at one batch size under glibc's default, as a share of their
-        median, taken to a resident set of `resident` bytes from theirs (`noise_scale`; 0 where no batch
-        ran twice): the noise of this workload's runs seen directly, where it exceeds UNREPEATED_NOISE.
+        """How far two runs at one batch size under glibc's default differ, as a share of their median, from
+        every batch size that ran more than once (0 where none did): the runs' standard deviation as a share
+        of their median, pooled over those batch sizes (each weighed by its runs less one), times sqrt(2),
+        so that one pair gives its own range; each share taken to a resident set of `resident` bytes from
+        its runs' (`noise_scale`). The noise of this workload's runs seen directly, where it exceeds
+        UNREPEATED_NOISE.
         resnet18 at 64 px under 1.5 GB (session 21): runs at 433 measured 1374 and 1442 MiB (4.8%), the fit
         through them answered 428 with its 38 MiB spread kept clear, and the bench's three runs at 428 then
         measured 1470-1547 MiB, over the cap. mlp under 1.5 GB (session 37): its two runs at 4096 came out
         14% apart at ~0.4 GB, and 14% of the answer's resident set kept 174 MiB clear, where runs at 25758
-        spread 3%: 0.884 of the real largest batch."""
-        ranges = [(max(rs) - min(rs)) / float(np.median(rs)) * noise_scale(float(np.median(rs)), resident)
-                  for rs in self.default_runs().values() if len(rs) > 1]
-        return max(ranges, default=0.0)
+        spread 3%: 0.884 of the real largest batch.
+        Pooled, not the widest range: within a workload a run's noise, as a share, is one trait across batch
+        sizes (bench/range_law.py over the benches' 796 pairs of three-run sets of one case at two batch
+        sizes: the larger batch's range is 1.06-1.23 times the smaller's at the median, for resident sets
+        1.0-3.4 times as large), so every repeated batch size measures it, and the widest of several ranges
+        grows with how many batch sizes ran twice. resnet18 under 1.5 GB (session 54, an Intel VM): pairs at
+        128, 357 and 407 of 2.0%, 2.2% and 7.9% (1430 and 1548 MiB); the widest kept 104 MiB clear and the
+        answer was 361, 0.885 of the real 408."""
+        num = den = 0.0
+        for rs in self.default_runs().values():
+            if len(rs) > 1:
+                median = float(np.median(rs))
+                share = float(np.std(rs, ddof=1)) / median * noise_scale(median, resident)
+                num, den = num + (len(rs) - 1) * share ** 2, den + len(rs) - 1
+        return math.sqrt(2 * num / den) if den else 0.0
 
     def default_runs(self) -> dict[int, list[int]]:
         """The resident-set runs under glibc's default allocator, as the user's run will be, by batch

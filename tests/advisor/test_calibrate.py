@@ -3,6 +3,7 @@ batch, against real runs."""
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import replace
@@ -569,6 +570,35 @@ def test_the_noise_kept_clear_is_a_smaller_share_of_a_larger_resident_set() -> N
     small = Calibration(intercept=0.0, slope=1.0, rss=((8, 19 * 10**6, None), (8, 21 * 10**6, None)))
     assert small.repeat_noise(NOISE_LAW_FROM) == pytest.approx(0.1)
     assert small.repeat_noise(8 * NOISE_LAW_FROM) == pytest.approx(0.05)
+
+
+def test_the_repeat_noise_pools_every_batch_size_that_ran_more_than_once() -> None:
+    """A run's noise as a share is one trait of a workload across batch sizes (bench/range_law.py): every
+    repeated batch size measures it, pooled as a standard deviation weighed by runs less one, times sqrt(2)
+    (one pair: its own range). The widest range alone would grow with the number of batch sizes repeated."""
+    from advisor.estimate.calibrate import Calibration
+
+    MiB = 2**20
+    one_pair = Calibration(intercept=0.0, slope=1.0, rss=((407, 1430 * MiB, None), (407, 1548 * MiB, None)))
+    wide = 118 / 1489
+    assert one_pair.repeat_noise() == pytest.approx(wide)
+    # resnet18 under 1.5 GB (session 54): tight pairs at 128 and 357 beside the wide one at 407
+    pairs = one_pair.rss + ((128, 682 * MiB, None), (128, 696 * MiB, None), (357, 1315 * MiB, None),
+                            (357, 1286 * MiB, None))
+    pooled = Calibration(intercept=0.0, slope=1.0, rss=pairs)
+    shares = [wide, 14 / 689, 29 / 1300.5]
+    assert pooled.repeat_noise() == pytest.approx(math.sqrt(sum(x * x for x in shares) / 3), rel=1e-3)
+    assert 0.02 < pooled.repeat_noise() < 0.65 * wide
+    # three runs at one batch size weigh twice a pair: sqrt(2) x their standard deviation, pooled with the rest
+    three = Calibration(intercept=0.0, slope=1.0, rss=pairs + ((407, 1489 * MiB, None),))
+    sd = float(np.std([1430, 1548, 1489], ddof=1)) / 1489
+    assert three.repeat_noise() == pytest.approx(math.sqrt((2 * 2 * sd**2 + shares[1]**2 + shares[2]**2) / 4),
+                                                 rel=1e-3)
+    # each share is taken to the answer's resident set from its own runs' (noise_scale): 357's and 407's less
+    at = 2.4e9
+    scaled = [wide * (1489 * MiB / at) ** (1 / 3), shares[1] * (689 * MiB / at) ** (1 / 3),
+              shares[2] * (1300.5 * MiB / at) ** (1 / 3)]
+    assert pooled.repeat_noise(at) == pytest.approx(math.sqrt(sum(x * x for x in scaled) / 3), rel=1e-3)
 
 
 def test_real_runs_at_the_batch_itself_draw_its_resident_set_n_over_n_plus_one_of_the_way() -> None:
