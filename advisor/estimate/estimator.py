@@ -125,7 +125,8 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
                                    device_type=hw.device_type, cuda=probe_gpu, reduce_gpu=reduce_gpu)
     if bm.trace_a.sized_kernels:
         where = ("CUDA op shape(s) (cuDNN's convolutions and LSTM layers, reductions) once on zeros on this machine's "
-                 "GPU" if bm.trace_a.sized_on == "cuda" else "oneDNN op shape(s) once on zeros on this CPU")
+                 "GPU" if bm.trace_a.sized_on == "cuda" else "op shape(s) (oneDNN's convolutions and LSTM layers, sparse "
+                 "kernels) once on zeros on this CPU")
         notes.append(f"kernel scratch and workspaces sized by running {bm.trace_a.sized_kernels} {where} "
                      "(fake ops report none)")
     if bm.trace_a.reduce_scratch:
@@ -153,6 +154,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     if bm.trace_a.probed_reductions:
         notes.append(f"{bm.trace_a.probed_reductions} reduction shape(s) run once on zeros on this CPU hold scratch "
                      "inside their kernels (a mean over a 16-bit input sums a float32 copy of it; dispatch shows none)")
+    if bm.trace_a.probed_products:
+        notes.append(f"{bm.trace_a.probed_products} 16-bit matrix product shape(s) run once on zeros on this CPU hold "
+                     "scratch inside their kernels beside their output (oneDNN's float32 buffer; dispatch shows none)")
     # the calibration cache and the measured peaks both key on it; it builds the model on meta: once
     fingerprint = functools.cache(functools.partial(workload_fingerprint, wl))
     calib = None

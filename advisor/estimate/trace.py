@@ -62,6 +62,7 @@ class Trace:
     sized_on: str = "cpu"  # where they were sized: "cpu" (oneDNN) or "cuda" (cuDNN, on this machine's GPU)
     probed_copies: int = 0  # op shapes with a strided input run for real, for a contiguous copy inside their kernel
     probed_reductions: int = 0  # reduction op shapes run for real whose kernels hold scratch (`_cpu_reduction`)
+    probed_products: int = 0  # 16-bit matrix product shapes run for real whose kernels hold scratch (`_half_product`)
     # threads whose ops call cuBLAS (`_cublas_ops`): the step's own (forward, optimizer) and autograd's backward,
     # which on CUDA runs on a device thread of its own; each gets a cuBLAS handle with a workspace (cuda_alloc)
     cublas_threads: int = 2
@@ -120,6 +121,7 @@ class _Tracker:
         self.probed: dict[str, tuple[int, ...]] = {}  # a probed op's shapes, ... -> its scratch's blocks (`_probed_blocks`)
         self.copy_probes: set[str] = set()  # keys of `probed` probed for a contiguous copy of a strided input
         self.reduction_probes: set[str] = set()  # keys of `probed` probed for a reduction's scratch
+        self.product_probes: set[str] = set()  # keys of `probed` probed for a 16-bit matrix product's scratch
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.rnn_sizes: dict[str, tuple[int, int, int]] = {}  # ... -> cuDNN's LSTM (see `_cudnn_rnn_sizes`)
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
@@ -176,14 +178,11 @@ class _Tracker:
         """A sparse COO output of a fake op, which stores no entries (fake kernels cannot know how many a
         transpose or coalesce keeps: torch.sparse.mm's backward transposes the adjacency), sized as holding
         as many as its largest sparse input: exact for a transpose, a bound for a coalesce. A small GCN's fake
-        trace came out 7% under its real trace without it, and equal with it (session 51). Not seen, fake or
-        real: the copy of the sparse matrix torch.sparse.mm's CPU kernel makes inside itself (the profiler's
-        live peak was one adjacency above both traces: 3.51 against 3.26 MB); the calibration's real runs
-        take it in."""
+        trace came out 7% under its real trace without it, and equal with it (session 51). What a sparse op's
+        CPU kernel holds inside itself, neither trace sees: a probe measures it (`_sparse_op`)."""
         import torch
 
-        entries = max((self.sparse_entries.get(a, a._nnz()) for a in inputs if a.layout == torch.sparse_coo),
-                      default=0)
+        entries = max((self.entries_of(a) for a in inputs if a.layout == torch.sparse_coo), default=0)
         if out.layout != torch.sparse_coo or out._nnz() or not entries:
             self.track(out, category)
             return
@@ -191,6 +190,10 @@ class _Tracker:
         index_bytes, value_bytes = _coo_bytes(out, entries)
         self.track(out._indices(), category, nbytes=index_bytes)
         self.track(out._values(), category, nbytes=value_bytes)
+
+    def entries_of(self, t: Any) -> int:
+        """A sparse COO tensor's entries as the trace holds them (`track_sparse`)."""
+        return self.sparse_entries.get(t, t._nnz())
 
     def bytes_of(self, t: Any) -> int:
         """A tensor's bytes; a sparse one's, its index and value tensors' (a sparse gradient's, from
@@ -307,10 +310,14 @@ def _dispatch_mode(tracker: _Tracker):
                 out = _cudnn_rnn_backward_scratch(tracker, args, out)
             elif tracker.cpu_workspaces and func in _scratch_ops():
                 _real_scratch(tracker, func, args, kwargs)
+            elif tracker.cpu_workspaces and _half_product(func, args):
+                _real_scratch(tracker, func, args, kwargs, product=True)
             elif tracker.cpu_workspaces and _cpu_reduction(func):
                 _real_scratch(tracker, func, args, kwargs, reduction=True)
             elif tracker.cpu_workspaces and _may_copy_strided(func, args, kwargs):
                 _real_scratch(tracker, func, args, kwargs, copy=True)
+            elif tracker.cpu_workspaces and _sparse_op(func, args, kwargs):
+                _real_scratch(tracker, func, args, kwargs)
             elif tracker.cuda_workspaces and func in _cuda_scratch_ops():
                 out = _cuda_scratch(tracker, func, args, kwargs, out)
             elif tracker.cuda_workspaces and _may_copy_strided(func, args, kwargs):
@@ -599,33 +606,78 @@ def _cudnn_rnn_backward_scratch(tracker: _Tracker, args: tuple, out: Any) -> Any
 PROBE_INPUT_LIMIT = 1 << 30
 
 
-def _probe_key(func: Any, args: tuple, kwargs: dict | None = None) -> str:
+def _probe_key(func: Any, args: tuple, kwargs: dict | None = None,
+               entries: Callable[[Any], int] | None = None) -> str:
     """What decides a probed op's workspace or scratch: the op, its tensors' shapes, strides and dtypes
-    (a layout changes which kernel runs, and whether it copies an input first), its scalars."""
+    (a layout changes which kernel runs, and whether it copies an input first), its scalars; a sparse
+    COO tensor's entries (`entries(t)`, else its own count) and whether they are coalesced."""
     import torch
     from torch.utils._pytree import tree_map
 
     def describe(a: Any) -> Any:
-        return (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+        if not isinstance(a, torch.Tensor):
+            return a
+        if a.layout == torch.sparse_coo:
+            return (tuple(a.shape), "coo", entries(a) if entries else a._nnz(), a.is_coalesced(), a.dtype)
+        return (tuple(a.shape), a.stride(), a.dtype)
 
     return repr([func, *tree_map(describe, list(args)), *sorted(tree_map(describe, kwargs or {}).items())])
 
 
-def _real_like(args: Any, device: str = "cpu") -> Any:
+def _real_like(args: Any, device: str = "cpu", entries: Callable[[Any], int] | None = None) -> Any:
     """Real zeros on `device` for each fake tensor in `args` (nested lists and dicts too), same shape,
-    strides and dtype (a layout such as channels_last changes which kernel runs)."""
+    strides and dtype (a layout such as channels_last changes which kernel runs); a sparse COO one,
+    `_real_sparse` of its entries (`entries(t)`, else its own count)."""
     import torch
     from torch.utils._pytree import tree_map
 
-    return tree_map(lambda a: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=device).zero_()
-                    if isinstance(a, torch.Tensor) else a, args)
+    def real(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        if a.layout == torch.sparse_coo:
+            return _real_sparse(a, entries(a) if entries else a._nnz(), device)
+        return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=device).zero_()
+
+    return tree_map(real, args)
 
 
-def _affordable(args: Any) -> bool:
+def _real_sparse(a: Any, entries: int, device: str = "cpu") -> Any:
+    """A real sparse COO tensor of `a`'s shape, dtype and coalesced flag, holding `entries` zero entries
+    (at most one per cell) spread evenly over its sparse dimensions in order: a kernel sizes its buffers
+    by the count and the shape, which a graph's real edges share."""
+    import torch
+
+    sizes = tuple(a.shape[:a.sparse_dim()])
+    cells = math.prod(sizes)
+    n = min(entries, cells)
+    flat = torch.arange(n, dtype=torch.int64, device=device) * (cells // max(n, 1))
+    indices = torch.stack(torch.unravel_index(flat, sizes)) if sizes else flat.new_zeros((0, n))
+    values = torch.zeros((n, *a.shape[a.sparse_dim():]), dtype=a.dtype, device=device)
+    return torch.sparse_coo_tensor(indices, values, a.shape, is_coalesced=a.is_coalesced(), check_invariants=False)
+
+
+def _affordable(args: Any, nbytes: Callable[[Any], int] | None = None) -> bool:
+    """Whether a probe's inputs (`nbytes(t)` each, else the tensor's own) stay within PROBE_INPUT_LIMIT."""
     import torch
     from torch.utils._pytree import tree_flatten
 
-    return sum(a.nbytes for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)) <= PROBE_INPUT_LIMIT
+    size = nbytes or (lambda a: a.nbytes)
+    return sum(size(a) for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)) <= PROBE_INPUT_LIMIT
+
+
+def _sparse_op(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether the op takes a sparse COO tensor (and no other non-strided one): its CPU kernel may hold
+    buffers inside itself that no dispatch shows, fake or real, which a real run on an input of as many
+    entries measures (`_real_scratch`). torch.sparse.mm's (`_sparse_addmm`) holds a buffer of its output's
+    size beside the output: a small GCN's live peak, measured from the profiler's events, was one such
+    buffer above both its fake and real traces (3.51 against 3.26 MB, session 51)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    if func.namespace != "aten" or func.is_view or torch.Tag.nondeterministic_seeded in func.tags:
+        return False
+    layouts = {a.layout for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+    return torch.sparse_coo in layouts and layouts <= {torch.sparse_coo, torch.strided}
 
 
 @functools.lru_cache(maxsize=1)
@@ -662,7 +714,7 @@ def _may_copy_strided(func: Any, args: tuple, kwargs: dict) -> bool:
     if func in copies:
         return False
     tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-    if any(a.layout != torch.strided for a in tensors):  # a sparse op: zeros of its shape hold no entries to probe
+    if any(a.layout != torch.strided for a in tensors):  # a sparse op: probed as one (`_sparse_op`)
         return False
     strided = [a for a in tensors if not a.is_contiguous()]
     if func.overloadpacket in products:
@@ -705,6 +757,21 @@ def _scratch_ops() -> frozenset:
                       aten.convolution_backward.default})
 
 
+def _half_product(func: Any, args: tuple) -> bool:
+    """Whether the op is a matrix product of 16-bit floats (bf16, fp16: autocast's linear layers and attention),
+    whose CPU kernel may take scratch inside itself through torch's allocator: oneDNN's matmul on a CPU with
+    AMX (an Intel Xeon reported as family 6 model 207, session 54) holds a float32 buffer of the output's size
+    or more beside it. bf16 (32, 10) x (10, 8192), a linear layer's input gradient: 1058432 bytes beside the
+    512 KiB output; fp16 (512, 768) x (768, 768): 2.9 MB beside 768 KiB; float32 products hold none. A lazy
+    conv net's bf16 live peak was 371096 bytes over its trace there, at that product (tests/advisor/
+    lazy_convnet.py), where a Zen 5 CPU's matched it."""
+    import torch
+
+    products = _stride_ops()[1]
+    return (func.overloadpacket in products and isinstance(args[0], torch.Tensor)
+            and args[0].dtype in (torch.bfloat16, torch.float16))
+
+
 def _cpu_reduction(func: Any) -> bool:
     """Whether the op is a reduction, whose CPU kernel may allocate inside themselves through torch's allocator: a mean over a
     16-bit float input sums a float32 copy of it, twice the input's bytes (measured here: bf16 and fp16 alike,
@@ -735,16 +802,18 @@ def _stderr_to_devnull():
 
 
 def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None = None, copy: bool = False,
-                  reduction: bool = False) -> None:
+                  reduction: bool = False, product: bool = False) -> None:
     """A kernel that allocates scratch inside itself (oneDNN's convolutions and RNN backward, sized by
     the algorithm it picks for this CPU and shape; a contiguous copy of a strided input,
-    `_may_copy_strided`; a reduction's, `_cpu_reduction`): run it once on real zeros of the same strides
+    `_may_copy_strided`; a reduction's, `_cpu_reduction`; a sparse op's, `_sparse_op`): run it once on
+    real zeros of the same strides (a sparse input with as many entries as the trace holds, `_real_sparse`)
     under the profiler, and record two fake allocations of the scratch's size that die at once
     (`_scratch_blocks`: its largest block and the rest), so the trace's peak sees it beside the op's outputs.
     `copy`: probed for a contiguous copy (counted apart, Trace.probed_copies). The scratch is the probe's peak
     over what it held before (its outputs counted in it), or, `reduction` (counted apart,
     Trace.probed_reductions), over the outputs it leaves: a reduction's output, which the trace holds already,
-    can be as large as its input where the reduced dimension is short."""
+    can be as large as its input where the reduced dimension is short. `product`: a 16-bit matrix product
+    (`_half_product`; counted apart, Trace.probed_products)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.profiler import ProfilerActivity, profile
@@ -759,7 +828,7 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
     def blocks() -> tuple[int, int]:
         with unset_fake_temporarily():
             try:
-                real, real_kwargs = _real_like((args, kwargs))
+                real, real_kwargs = _real_like((args, kwargs), entries=tracker.entries_of)
                 with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
                     outputs = func(*real, **real_kwargs)
                     if not reduction:
@@ -768,7 +837,7 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
             except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
                 return 0, 0
 
-    tracker.scratch(*_probed_blocks(tracker, func, args, kwargs, copy, blocks, reduction, count=2))
+    tracker.scratch(*_probed_blocks(tracker, func, args, kwargs, copy, blocks, reduction, count=2, product=product))
 
 
 def _scratch_blocks(events: list[int]) -> tuple[int, int]:
@@ -799,17 +868,20 @@ def _scratch_blocks(events: list[int]) -> tuple[int, int]:
 
 
 def _probed_blocks(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy: bool,
-                   blocks: Callable[[], tuple[int, ...]], reduction: bool = False, count: int = 1) -> tuple[int, ...]:
+                   blocks: Callable[[], tuple[int, ...]], reduction: bool = False, count: int = 1,
+                   product: bool = False) -> tuple[int, ...]:
     """The scratch of one op shape, `count` blocks measured by `blocks()` the first time it is seen (cached by
-    `_probe_key`); 0 bytes each where its inputs are past PROBE_INPUT_LIMIT. `copy`, `reduction`: see
-    `_real_scratch`."""
-    if not _affordable((args, kwargs)):
+    `_probe_key`); 0 bytes each where its inputs are past PROBE_INPUT_LIMIT. `copy`, `reduction`, `product`:
+    see `_real_scratch`."""
+    if not _affordable((args, kwargs), tracker.bytes_of):
         return (0,) * count
-    key = _probe_key(func, args, kwargs)
+    key = _probe_key(func, args, kwargs, tracker.entries_of)
     if copy:
         tracker.copy_probes.add(key)
     if reduction:
         tracker.reduction_probes.add(key)
+    if product:
+        tracker.product_probes.add(key)
     if key not in tracker.probed:
         tracker.probed[key] = tuple(blocks())
     return tracker.probed[key]
@@ -1321,12 +1393,15 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
     copies = len(tracker.copy_probes)
     # reductions whose kernels hold scratch: the others, most, were probed for nothing
     reductions = sum(sum(tracker.probed[k]) > 0 for k in tracker.reduction_probes)
+    # products whose kernels hold scratch beside their output (the probe's second block; none on a CPU whose do not)
+    products = sum(tracker.probed[k][1] > 0 for k in tracker.product_probes)
     return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, phases=phases.astype(np.int64),
                  param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
-                 sized_kernels=len(tracker.workspace_bytes) + len(tracker.probed) - copies - len(tracker.reduction_probes),
-                 probed_copies=copies, probed_reductions=reductions,
+                 sized_kernels=len(tracker.workspace_bytes) + len(tracker.probed) - copies - len(tracker.reduction_probes)
+                 - len(tracker.product_probes),
+                 probed_copies=copies, probed_reductions=reductions, probed_products=products,
                  sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=sum(kind == "cublas" for _, kind in tracker.cublas_at),
                  cublas_at=tuple(sorted((i, kind) for (_, kind), i in tracker.cublas_at.items())),
                  reduce_scratch=len(tracker.reduce_scratch), reduce_gpu=tracker.reduce_gpu,

@@ -4,6 +4,8 @@ RNN workspace its kernel never writes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -445,35 +447,41 @@ def test_a_sparse_adjacency_is_traced_as_its_index_and_value_tensors() -> None:
     # a GCN on a sparse COO adjacency (torch.sparse.mm): a sparse tensor has no storage, and the trace asked for
     # one (both traces raised, session 51). Its memory is its indices' and values'; fake ops keep no entries, so
     # the coalesced batch and backward's transposed adjacency are sized as holding as many as their input.
-    import torch.nn.functional as F
-    from torch import nn
-
-    from advisor.workload import Workload
-
-    class GCN(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.l1, self.l2 = nn.Linear(32, 64), nn.Linear(64, 5)
-
-        def forward(self, adj, x):
-            return torch.sparse.mm(adj, self.l2(F.relu(torch.sparse.mm(adj, self.l1(x)))))
-
-    def make_batch(n):
-        g = torch.Generator().manual_seed(0)
-        nodes = 40 * n
-        edges = torch.randint(0, nodes, (2, 6 * nodes), generator=g)
-        adj = torch.sparse_coo_tensor(edges, torch.rand(edges.shape[1], generator=g), (nodes, nodes)).coalesce()
-        return adj, torch.randn(nodes, 32, generator=g), torch.randint(0, 5, (nodes,), generator=g)
-
-    wl = Workload(name="gcn", build_model=GCN, make_batch=make_batch,
-                  loss_fn=lambda m, b: F.cross_entropy(m(b[0], b[1]), b[2]))
+    wl = load_workload(f"{Path(__file__).with_name('gcn.py')}:build")
     kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
-    fake, real = trace_training(wl, 8, cpu_workspaces=True, **kw), trace_training(wl, 8, fake=False, **kw)
+    fake, real = trace_training(wl, 8, **kw), trace_training(wl, 8, fake=False, **kw)
     adjacency = 6 * 40 * 8 * (2 * 8 + 4)  # at most: int64 row and column per entry, a float32 value
     assert real.peak_bytes > 2 * adjacency  # the adjacency and its transposed copy count
     assert abs(fake.peak_bytes - real.peak_bytes) <= 0.01 * real.peak_bytes, (fake.peak_bytes, real.peak_bytes)
-    # the same allocations, in the same order (the fake trace's probes add empty scratch: the loss's reduction)
+    # the same allocations, in the same order
     assert np.count_nonzero(fake.sizes) == np.count_nonzero(real.sizes)
+
+
+@pytest.mark.parametrize("batch", [8, 32])
+def test_a_sparse_products_own_buffer_is_probed_on_an_adjacency_of_as_many_entries(batch: int) -> None:
+    # torch.sparse.mm's CPU kernel holds a buffer of its output's size beside the output, which neither trace
+    # sees: a probe runs each sparse op once on a real adjacency of as many entries as the trace holds
+    # (trace._sparse_op). Without it the GCN's allocated estimate was 10% under the profiler's live peak.
+    from advisor.estimate import estimate_memory
+
+    spec = f"{Path(__file__).with_name('gcn.py')}:build"
+    est = estimate_memory(spec, "cpu", batch, precision="fp32", optimizer="adamw", calibrate=False, measured=False)
+    real = measure(MeasureRequest(workload=spec, batch_size=batch, precision="fp32", optimizer="adamw", mode="alloc"))
+    assert est.method == "traced", est.notes
+    assert abs(est.allocated_bytes / real.alloc_peak_bytes - 1) <= 0.01, (est.allocated_bytes, real.alloc_peak_bytes)
+
+
+def test_a_16_bit_matrix_products_scratch_is_probed_on_this_cpu() -> None:
+    # oneDNN's 16-bit matmul on a CPU with AMX holds a float32 buffer of its output's size or more beside the
+    # output, through torch's allocator, where no dispatch shows it (trace._half_product). tiny-vit in fp16 at
+    # batch 8: the estimate was 4.4% under the profiler's live peak on such a CPU (session 54); where a CPU's
+    # kernels hold none, the probes find none and the estimate stays exact.
+    from advisor.estimate import estimate_memory
+
+    est = estimate_memory("tiny-vit", "cpu", 8, precision="fp16", optimizer="adamw", calibrate=False, measured=False)
+    real = measure(MeasureRequest(workload="tiny-vit", batch_size=8, precision="fp16", optimizer="adamw", mode="alloc"))
+    assert est.method == "traced", est.notes
+    assert abs(est.allocated_bytes / real.alloc_peak_bytes - 1) <= 0.001, (est.allocated_bytes, real.alloc_peak_bytes)
 
 
 def test_a_sparse_embedding_gradient_is_counted_as_its_entries() -> None:
