@@ -10,12 +10,12 @@ smaller set and each larger one of the same case: the range of each pair of the 
 (as `repeat_noise` sees two runs at a calibration batch, a share of their median), and the larger set's
 highest run over its median (how far one run at the answer strays above the middle of its runs).
 
-Printed: the exponent of the within-workload law (the least-squares slope of log(range at the larger)
-over log(range at the smaller) against log(resident set ratio), where both ranges are non-zero; and the
-median ratio of the two ranges by bins of the resident-set ratio), and,
-per exponent tried, how often a pair's range carried to the larger set's resident set falls short of that
-set's highest run's excess (a margin too narrow), alone and with calibrate.UNREPEATED_NOISE's floor (as
-`noise_share` keeps), and the median kept (share). A tool for choosing the exponent, not a benchmark.
+Printed: the exponent of the within-workload law (the least-squares slope of log(range at the larger
+over range at the smaller) against log(resident-set ratio), where both ranges are non-zero), the median
+ratio of the two ranges by bins of the resident-set ratio, and, per exponent tried, how often a pair's
+range carried to the larger set's resident set falls short of that set's highest run's excess (a margin
+too narrow), alone and with calibrate.UNREPEATED_NOISE's floor (as `noise_share` keeps), and the median
+kept (share). A tool for choosing the exponent, not a benchmark.
 """
 
 from __future__ import annotations

@@ -154,9 +154,6 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     if bm.trace_a.probed_reductions:
         notes.append(f"{bm.trace_a.probed_reductions} reduction shape(s) run once on zeros on this CPU hold scratch "
                      "inside their kernels (a mean over a 16-bit input sums a float32 copy of it; dispatch shows none)")
-    if bm.trace_a.probed_products:
-        notes.append(f"{bm.trace_a.probed_products} 16-bit matrix product shape(s) run once on zeros on this CPU hold "
-                     "scratch inside their kernels beside their output (oneDNN's float32 buffer; dispatch shows none)")
     # the calibration cache and the measured peaks both key on it; it builds the model on meta: once
     fingerprint = functools.cache(functools.partial(workload_fingerprint, wl))
     calib = None

@@ -62,7 +62,6 @@ class Trace:
     sized_on: str = "cpu"  # where they were sized: "cpu" (oneDNN) or "cuda" (cuDNN, on this machine's GPU)
     probed_copies: int = 0  # op shapes with a strided input run for real, for a contiguous copy inside their kernel
     probed_reductions: int = 0  # reduction op shapes run for real whose kernels hold scratch (`_cpu_reduction`)
-    probed_products: int = 0  # 16-bit matrix product shapes run for real whose kernels hold scratch (`_half_product`)
     # threads whose ops call cuBLAS (`_cublas_ops`): the step's own (forward, optimizer) and autograd's backward,
     # which on CUDA runs on a device thread of its own; each gets a cuBLAS handle with a workspace (cuda_alloc)
     cublas_threads: int = 2
@@ -121,7 +120,6 @@ class _Tracker:
         self.probed: dict[str, tuple[int, ...]] = {}  # a probed op's shapes, ... -> its scratch's blocks (`_probed_blocks`)
         self.copy_probes: set[str] = set()  # keys of `probed` probed for a contiguous copy of a strided input
         self.reduction_probes: set[str] = set()  # keys of `probed` probed for a reduction's scratch
-        self.product_probes: set[str] = set()  # keys of `probed` probed for a 16-bit matrix product's scratch
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.rnn_sizes: dict[str, tuple[int, int, int]] = {}  # ... -> cuDNN's LSTM (see `_cudnn_rnn_sizes`)
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
@@ -310,8 +308,6 @@ def _dispatch_mode(tracker: _Tracker):
                 out = _cudnn_rnn_backward_scratch(tracker, args, out)
             elif tracker.cpu_workspaces and func in _scratch_ops():
                 _real_scratch(tracker, func, args, kwargs)
-            elif tracker.cpu_workspaces and _half_product(func, args):
-                _real_scratch(tracker, func, args, kwargs, product=True)
             elif tracker.cpu_workspaces and _cpu_reduction(func):
                 _real_scratch(tracker, func, args, kwargs, reduction=True)
             elif tracker.cpu_workspaces and _may_copy_strided(func, args, kwargs):
@@ -757,21 +753,6 @@ def _scratch_ops() -> frozenset:
                       aten.convolution_backward.default})
 
 
-def _half_product(func: Any, args: tuple) -> bool:
-    """Whether the op is a matrix product of 16-bit floats (bf16, fp16: autocast's linear layers and attention),
-    whose CPU kernel may take scratch inside itself through torch's allocator: oneDNN's matmul on a CPU with
-    AMX (an Intel Xeon reported as family 6 model 207, session 54) holds a float32 buffer of the output's size
-    or more beside it. bf16 (32, 10) x (10, 8192), a linear layer's input gradient: 1058432 bytes beside the
-    512 KiB output; fp16 (512, 768) x (768, 768): 2.9 MB beside 768 KiB; float32 products hold none. A lazy
-    conv net's bf16 live peak was 371096 bytes over its trace there, at that product (tests/advisor/
-    lazy_convnet.py), where a Zen 5 CPU's matched it."""
-    import torch
-
-    products = _stride_ops()[1]
-    return (func.overloadpacket in products and isinstance(args[0], torch.Tensor)
-            and args[0].dtype in (torch.bfloat16, torch.float16))
-
-
 def _cpu_reduction(func: Any) -> bool:
     """Whether the op is a reduction, whose CPU kernel may allocate inside themselves through torch's allocator: a mean over a
     16-bit float input sums a float32 copy of it, twice the input's bytes (measured here: bf16 and fp16 alike,
@@ -802,7 +783,7 @@ def _stderr_to_devnull():
 
 
 def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None = None, copy: bool = False,
-                  reduction: bool = False, product: bool = False) -> None:
+                  reduction: bool = False) -> None:
     """A kernel that allocates scratch inside itself (oneDNN's convolutions and RNN backward, sized by
     the algorithm it picks for this CPU and shape; a contiguous copy of a strided input,
     `_may_copy_strided`; a reduction's, `_cpu_reduction`; a sparse op's, `_sparse_op`): run it once on
@@ -812,8 +793,7 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
     `copy`: probed for a contiguous copy (counted apart, Trace.probed_copies). The scratch is the probe's peak
     over what it held before (its outputs counted in it), or, `reduction` (counted apart,
     Trace.probed_reductions), over the outputs it leaves: a reduction's output, which the trace holds already,
-    can be as large as its input where the reduced dimension is short. `product`: a 16-bit matrix product
-    (`_half_product`; counted apart, Trace.probed_products)."""
+    can be as large as its input where the reduced dimension is short."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.profiler import ProfilerActivity, profile
@@ -837,7 +817,7 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
             except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
                 return 0, 0
 
-    tracker.scratch(*_probed_blocks(tracker, func, args, kwargs, copy, blocks, reduction, count=2, product=product))
+    tracker.scratch(*_probed_blocks(tracker, func, args, kwargs, copy, blocks, reduction, count=2))
 
 
 def _scratch_blocks(events: list[int]) -> tuple[int, int]:
@@ -868,11 +848,10 @@ def _scratch_blocks(events: list[int]) -> tuple[int, int]:
 
 
 def _probed_blocks(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy: bool,
-                   blocks: Callable[[], tuple[int, ...]], reduction: bool = False, count: int = 1,
-                   product: bool = False) -> tuple[int, ...]:
+                   blocks: Callable[[], tuple[int, ...]], reduction: bool = False, count: int = 1) -> tuple[int, ...]:
     """The scratch of one op shape, `count` blocks measured by `blocks()` the first time it is seen (cached by
-    `_probe_key`); 0 bytes each where its inputs are past PROBE_INPUT_LIMIT. `copy`, `reduction`, `product`:
-    see `_real_scratch`."""
+    `_probe_key`); 0 bytes each where its inputs are past PROBE_INPUT_LIMIT. `copy`, `reduction`: see
+    `_real_scratch`."""
     if not _affordable((args, kwargs), tracker.bytes_of):
         return (0,) * count
     key = _probe_key(func, args, kwargs, tracker.entries_of)
@@ -880,8 +859,6 @@ def _probed_blocks(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy
         tracker.copy_probes.add(key)
     if reduction:
         tracker.reduction_probes.add(key)
-    if product:
-        tracker.product_probes.add(key)
     if key not in tracker.probed:
         tracker.probed[key] = tuple(blocks())
     return tracker.probed[key]
@@ -1393,15 +1370,12 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
     copies = len(tracker.copy_probes)
     # reductions whose kernels hold scratch: the others, most, were probed for nothing
     reductions = sum(sum(tracker.probed[k]) > 0 for k in tracker.reduction_probes)
-    # products whose kernels hold scratch beside their output (the probe's second block; none on a CPU whose do not)
-    products = sum(tracker.probed[k][1] > 0 for k in tracker.product_probes)
     return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, phases=phases.astype(np.int64),
                  param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
-                 sized_kernels=len(tracker.workspace_bytes) + len(tracker.probed) - copies - len(tracker.reduction_probes)
-                 - len(tracker.product_probes),
-                 probed_copies=copies, probed_reductions=reductions, probed_products=products,
+                 sized_kernels=len(tracker.workspace_bytes) + len(tracker.probed) - copies - len(tracker.reduction_probes),
+                 probed_copies=copies, probed_reductions=reductions,
                  sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=sum(kind == "cublas" for _, kind in tracker.cublas_at),
                  cublas_at=tuple(sorted((i, kind) for (_, kind), i in tracker.cublas_at.items())),
                  reduce_scratch=len(tracker.reduce_scratch), reduce_gpu=tracker.reduce_gpu,

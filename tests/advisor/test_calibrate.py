@@ -594,7 +594,7 @@ def test_the_repeat_noise_pools_every_batch_size_that_ran_more_than_once() -> No
     sd = float(np.std([1430, 1548, 1489], ddof=1)) / 1489
     assert three.repeat_noise() == pytest.approx(math.sqrt((2 * 2 * sd**2 + shares[1]**2 + shares[2]**2) / 4),
                                                  rel=1e-3)
-    # each share is taken to the answer's resident set from its own runs' (noise_scale): 357's and 407's less
+    # each share is carried from its own runs' resident set to the answer's (noise_scale) before pooling
     at = 2.4e9
     scaled = [wide * (1489 * MiB / at) ** (1 / 3), shares[1] * (689 * MiB / at) ** (1 / 3),
               shares[2] * (1300.5 * MiB / at) ** (1 / 3)]
