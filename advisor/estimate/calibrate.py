@@ -63,9 +63,10 @@ class Calibration(CpuCalibration):
 
     def noise_share(self, resident: float = 0.0) -> float:
         """How far a run at the answer may come out above the fit, as a share of its resident set
-        `resident` (bytes): the share that runs at one batch size differed by (`repeat_noise`), and at
-        least UNREPEATED_NOISE, what single runs stray by across workloads (both as `noise_scale` takes them
-        to a larger resident set): two runs that agree say little of the next one.
+        `resident` (bytes): the share that two runs at one batch size differ by, pooled over the batch sizes
+        that ran more than once (`repeat_noise`), and at least UNREPEATED_NOISE, what single runs stray by
+        across workloads (both as `noise_scale` takes them to a larger resident set): two runs that agree say
+        little of the next one.
         mlp under 1.5 GB (session 22, Intel VM), twice: two runs at 25308 (25416) close together, so
         RUN_NOISE (28 MiB) kept clear, and the fit answered 27225 (27372), where the bench's runs
         measured over the cap and at the real largest batch 26714 (26858) they spread 3-5.5%.
