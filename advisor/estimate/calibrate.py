@@ -496,7 +496,7 @@ def _calibration(req: EstimateRequest, bm: BatchModel, real_bm: BatchModel, res:
     # A fake trace whose kernel workspaces were sized by real runs at the full shapes stands: the
     # real traces cannot see scratch a kernel frees inside itself, and extrapolate from small batches.
     # each compared at the real trace's batch itself (BatchModel.traced): the data's shapes need not scale with it
-    sized = bm.trace_a.sized_kernels or bm.trace_a.probed_reductions
+    sized = bm.trace_a.sized_kernels or bm.trace_a.probed_reductions or bm.trace_a.probed_products
     use_real = not sized and not all(_agree(bm.traced(b), real_bm.at(b)) for b in (real_bm.a, real_bm.c))
     chosen = real_bm if use_real else bm
     _, transient_hi = persistent_transient(scaled_curve(req, chosen.at(hi), 1))

@@ -154,6 +154,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     if bm.trace_a.probed_reductions:
         notes.append(f"{bm.trace_a.probed_reductions} reduction shape(s) run once on zeros on this CPU hold scratch "
                      "inside their kernels (a mean over a 16-bit input sums a float32 copy of it; dispatch shows none)")
+    if bm.trace_a.probed_products:
+        notes.append(f"{bm.trace_a.probed_products} 16-bit matrix product shape(s) run once on zeros on this CPU hold "
+                     "scratch inside their kernels beside their output (oneDNN's buffer; dispatch shows none)")
     # the calibration cache and the measured peaks both key on it; it builds the model on meta: once
     fingerprint = functools.cache(functools.partial(workload_fingerprint, wl))
     calib = None
@@ -181,11 +184,18 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
         parts["temporaries"] += parts["overhead"]
         parts["overhead"] = 0
     fits = total + ov.runtime <= usable
-    # workspaces sized on the GPU are not affine in the batch: the largest batch is checked on exact traces
-    trace_at = _tracer(wl, req, local_cpu, hw.device_type, probe_gpu) if bm.trace_a.sized_on == "cuda" \
-        and bm.trace_a.sized_kernels else None
+    # workspaces sized on the GPU, and the scratch of 16-bit products on this CPU, are not affine in the batch: the
+    # largest batch is checked on exact traces (a calibration's real runs near the answer take the CPU's in instead)
+    exact = None
+    if bm.trace_a.sized_on == "cuda" and bm.trace_a.sized_kernels:
+        exact = "cuDNN's workspaces sized at each (they follow the algorithm cuDNN picks for the shape, not a line in " \
+                "the batch)"
+    elif local_cpu and calib is None and bm.trace_a.probed_products:
+        exact = "16-bit matrix products' scratch probed at each (oneDNN's buffer follows the blocking it picks for " \
+                "the shape, not a line in the batch)"
+    trace_at = _tracer(wl, req, local_cpu, hw.device_type, probe_gpu) if exact else None
     by_strategy = largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes, record,
-                                  trace_at)
+                                  trace_at, exact or "")
     if not fits and by_strategy[req.strategy.value] >= batch:  # real runs at the batch outweigh the line there
         notes.append(f"largest batch {by_strategy[req.strategy.value]} -> {batch - 1}: the real runs at batch {batch} "
                      "say it does not fit")

@@ -7,9 +7,12 @@ tensors but not for two things, so the request's own strategy is searched again:
 - kernel workspaces sized on this machine's GPU: cuDNN picks a convolution algorithm by shape, and
   its workspace with it, so a workspace measured at batch 32 and 64 says nothing of batch 220
   (resnet18 fp32 on an H100 under a 6.4 GB cap: the model through 32 and 64 answered 220, whose real
-  reserved peak is 7.5 GB; the real largest batch is 162-173). The answer is searched again on
-  exact traces (`max_batch_on_traces`): bisection between the largest traced batch that fits and the
-  smallest that does not, each guess the model's answer through the two traces nearest the last one.
+  reserved peak is 7.5 GB; the real largest batch is 162-173). So is the scratch a 16-bit matrix product
+  holds inside oneDNN on a CPU with AMX (trace._half_product), where no calibration's real runs take it
+  in: tiny-bert bf16's largest batch came out 146 asked at one batch and 149 at another (2 and 16). The
+  answer is searched again on exact traces (`max_batch_on_traces`): bisection between the largest traced
+  batch that fits and the smallest that does not, each guess the model's answer through the two traces
+  nearest the last one.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ RUN_STEP_SLOPE = SLOPE_PRIOR_MEAN + SLOPE_PRIOR_SD
 # bf16 traces whose frees came in another order, fixed in batchmodel.py) would send a real run to
 # a batch that takes the host's memory.
 NEAR_REACH = 64
-# Exact traces at most (each sizes the new shapes' workspaces on the GPU: about a second for a ResNet)
+# Exact traces at most (each sizes the new shapes' workspaces on the GPU, about a second for a ResNet, or
+# probes the new product shapes on this CPU)
 EXACT_TRACES = 8
 
 
@@ -87,9 +91,11 @@ def strategies(hw: HardwareSpec) -> list[Strategy]:
     return [Strategy.single] if hw.world_size == 1 else list(Strategy)
 
 
-def max_batch_traced(ev: Evaluator, trace_at: Callable[..., Trace], first: int, usable: int, notes: list[str]) -> int:
-    """The request's largest batch searched again on exact traces (`trace_at(b, flops)`): workspaces
-    sized on the GPU are not affine in the batch (see the module's docstring)."""
+def max_batch_traced(ev: Evaluator, trace_at: Callable[..., Trace], first: int, usable: int, notes: list[str],
+                     why: str) -> int:
+    """The request's largest batch searched again on exact traces (`trace_at(b, flops)`): kernel scratch sized
+    by running the op's shapes is not affine in the batch (see the module's docstring); `why`: what was
+    sized at each, for the note."""
 
     def fits_on(bm: BatchModel, b: int) -> bool:
         return Evaluator(ev.hw, ev.req, bm, ev.calib).device_bytes(b) <= usable
@@ -100,23 +106,22 @@ def max_batch_traced(ev: Evaluator, trace_at: Callable[..., Trace], first: int, 
     answer, traced = max_batch_on_traces(fits_on, solve, ev.bm, lambda b: trace_at(b, False), first)
     if answer != first or traced:
         notes.append(f"largest batch {first} -> {answer}: searched again on traces at batch sizes "
-                     f"{', '.join(map(str, traced)) or 'already traced'}, cuDNN's workspaces sized at each (they follow "
-                     "the algorithm cuDNN picks for the shape, not a line in the batch)")
+                     f"{', '.join(map(str, traced)) or 'already traced'}, {why}")
     return answer
 
 
 def largest_batches(ev: Evaluator, calibrated: bool, points: list[Run], workload: Workload | str,
                     workload_args: dict[str, Any] | None, usable: int, notes: list[str],
                     record: Callable[[tuple[Run, ...]], None] | None = None,
-                    trace_at: Callable[..., Trace] | None = None) -> dict[str, int]:
+                    trace_at: Callable[..., Trace] | None = None, why: str = "") -> dict[str, int]:
     """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
     it when calibrated (the new runs go to `record`); with measured peaks and no calibration runs, also
     solved with the fit's slope a few posterior SDs steeper (refine.cautious), the smaller answer kept.
-    With `trace_at(b, flops)` (workspaces sized on this machine's GPU): searched again on exact traces."""
+    With `trace_at(b, flops)` (kernel scratch sized at each shape, `why`): searched again on exact traces."""
     by_strategy = {s.value: ev.max_batch(usable, s) for s in strategies(ev.hw)}
     own = ev.req.strategy.value
     if trace_at is not None and ev.refined is None:
-        by_strategy[own] = max_batch_traced(ev, trace_at, by_strategy[own], usable, notes)
+        by_strategy[own] = max_batch_traced(ev, trace_at, by_strategy[own], usable, notes, why)
     elif calibrated and ev.refined is None:
         again = _max_batch_near(ev, workload, workload_args, by_strategy[own], usable, notes, record)
         by_strategy[own] = by_strategy[own] if again is None else again

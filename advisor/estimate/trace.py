@@ -62,6 +62,7 @@ class Trace:
     sized_on: str = "cpu"  # where they were sized: "cpu" (oneDNN) or "cuda" (cuDNN, on this machine's GPU)
     probed_copies: int = 0  # op shapes with a strided input run for real, for a contiguous copy inside their kernel
     probed_reductions: int = 0  # reduction op shapes run for real whose kernels hold scratch (`_cpu_reduction`)
+    probed_products: int = 0  # 16-bit matrix product shapes run for real whose kernels hold scratch (`_half_product`)
     # threads whose ops call cuBLAS (`_cublas_ops`): the step's own (forward, optimizer) and autograd's backward,
     # which on CUDA runs on a device thread of its own; each gets a cuBLAS handle with a workspace (cuda_alloc)
     cublas_threads: int = 2
@@ -120,6 +121,8 @@ class _Tracker:
         self.probed: dict[str, tuple[int, ...]] = {}  # a probed op's shapes, ... -> its scratch's blocks (`_probed_blocks`)
         self.copy_probes: set[str] = set()  # keys of `probed` probed for a contiguous copy of a strided input
         self.reduction_probes: set[str] = set()  # keys of `probed` probed for a reduction's scratch
+        self.product_probes: set[str] = set()  # keys of `probed` probed for a 16-bit matrix product's scratch
+        self.scratch_products: frozenset = frozenset()  # 16-bit dtypes whose products hold scratch here (probed)
         self.workspace_untouched: dict[str, int] = {}  # ... -> bytes of the workspace its kernel never writes
         self.rnn_sizes: dict[str, tuple[int, int, int]] = {}  # ... -> cuDNN's LSTM (see `_cudnn_rnn_sizes`)
         self.untouched: dict[int, int] = {}  # allocation id -> bytes never written (see Trace.untouched)
@@ -308,6 +311,8 @@ def _dispatch_mode(tracker: _Tracker):
                 out = _cudnn_rnn_backward_scratch(tracker, args, out)
             elif tracker.cpu_workspaces and func in _scratch_ops():
                 _real_scratch(tracker, func, args, kwargs)
+            elif tracker.cpu_workspaces and _half_product(func, args, tracker.scratch_products):
+                _real_scratch(tracker, func, args, kwargs, product=True)
             elif tracker.cpu_workspaces and _cpu_reduction(func):
                 _real_scratch(tracker, func, args, kwargs, reduction=True)
             elif tracker.cpu_workspaces and _may_copy_strided(func, args, kwargs):
@@ -753,6 +758,46 @@ def _scratch_ops() -> frozenset:
                       aten.convolution_backward.default})
 
 
+def _half_product(func: Any, args: tuple, dtypes: frozenset) -> bool:
+    """Whether the op is a matrix product of 16-bit floats (bf16, fp16: autocast's linear layers and attention)
+    of a dtype in `dtypes`, those whose products hold scratch on this CPU (`_products_holding_scratch`).
+    Their CPU kernel may take scratch inside itself through torch's allocator: oneDNN's matmul on a CPU with
+    AMX (an Intel Xeon reported as family 6 model 207, session 54) holds a float32 buffer of the output's size
+    or more beside it. bf16 (32, 10) x (10, 8192), a linear layer's input gradient: 1058432 bytes beside the
+    512 KiB output; fp16 (512, 768) x (768, 768): 2.9 MB beside 768 KiB; float32 products hold none. A lazy
+    conv net's bf16 live peak was 371096 bytes over its trace there, at that product (tests/advisor/
+    lazy_convnet.py), where a Zen 5 CPU's matched it. A Zen 4 CPU (family 25 model 17, avx512_bf16 without
+    AMX; session 55) holds a little: the same bf16 product 26240 bytes over its output, bf16 (512, 768) x
+    (768, 768) 263808 bytes; its fp16 products none. The scratch is not affine in the batch (largest.py)."""
+    import torch
+
+    products = _stride_ops()[1]
+    return func.overloadpacket in products and isinstance(args[0], torch.Tensor) and args[0].dtype in dtypes
+
+
+@functools.cache
+def _products_holding_scratch() -> frozenset:
+    """The 16-bit dtypes whose matrix products hold scratch beside their output on this CPU, from one small
+    product each under the profiler (bf16 (32, 10) x (10, 8192): a few milliseconds). Only theirs are probed: a
+    Zen 4 (session 55) holds nothing beside its fp16 products and runs them slowly, (2048, 768) x (768, 3072)
+    in 10.4 s against bf16's 0.03 s; probing them ran gpt2-small b4's fp16 trace past ten minutes there, where
+    probing bf16's took its trace from 2.6 to 6.1 s."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from advisor.measure import memory_events
+
+    holding = set()
+    for dtype in (torch.bfloat16, torch.float16):
+        a, b = torch.zeros(32, 10, dtype=dtype), torch.zeros(10, 8192, dtype=dtype)
+        with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = torch.mm(a, b)
+            del out
+        if sum(n for n in memory_events(prof) if n > 0) > 32 * 8192 * dtype.itemsize:
+            holding.add(dtype)
+    return frozenset(holding)
+
+
 def _cpu_reduction(func: Any) -> bool:
     """Whether the op is a reduction, whose CPU kernel may allocate inside themselves through torch's allocator: a mean over a
     16-bit float input sums a float32 copy of it, twice the input's bytes (measured here: bf16 and fp16 alike,
@@ -783,7 +828,7 @@ def _stderr_to_devnull():
 
 
 def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None = None, copy: bool = False,
-                  reduction: bool = False) -> None:
+                  reduction: bool = False, product: bool = False) -> None:
     """A kernel that allocates scratch inside itself (oneDNN's convolutions and RNN backward, sized by
     the algorithm it picks for this CPU and shape; a contiguous copy of a strided input,
     `_may_copy_strided`; a reduction's, `_cpu_reduction`; a sparse op's, `_sparse_op`): run it once on
@@ -793,7 +838,8 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
     `copy`: probed for a contiguous copy (counted apart, Trace.probed_copies). The scratch is the probe's peak
     over what it held before (its outputs counted in it), or, `reduction` (counted apart,
     Trace.probed_reductions), over the outputs it leaves: a reduction's output, which the trace holds already,
-    can be as large as its input where the reduced dimension is short."""
+    can be as large as its input where the reduced dimension is short. `product`: a 16-bit matrix product
+    (`_half_product`; counted apart, Trace.probed_products)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.profiler import ProfilerActivity, profile
@@ -817,7 +863,7 @@ def _real_scratch(tracker: _Tracker, func: Any, args: tuple, kwargs: dict | None
             except Exception:  # noqa: BLE001 - no kernel for this here: nothing to size, and a probe never fails the trace
                 return 0, 0
 
-    tracker.scratch(*_probed_blocks(tracker, func, args, kwargs, copy, blocks, reduction, count=2))
+    tracker.scratch(*_probed_blocks(tracker, func, args, kwargs, copy, blocks, reduction, count=2, product=product))
 
 
 def _scratch_blocks(events: list[int]) -> tuple[int, int]:
@@ -848,10 +894,11 @@ def _scratch_blocks(events: list[int]) -> tuple[int, int]:
 
 
 def _probed_blocks(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy: bool,
-                   blocks: Callable[[], tuple[int, ...]], reduction: bool = False, count: int = 1) -> tuple[int, ...]:
+                   blocks: Callable[[], tuple[int, ...]], reduction: bool = False, count: int = 1,
+                   product: bool = False) -> tuple[int, ...]:
     """The scratch of one op shape, `count` blocks measured by `blocks()` the first time it is seen (cached by
-    `_probe_key`); 0 bytes each where its inputs are past PROBE_INPUT_LIMIT. `copy`, `reduction`: see
-    `_real_scratch`."""
+    `_probe_key`); 0 bytes each where its inputs are past PROBE_INPUT_LIMIT. `copy`, `reduction`, `product`:
+    see `_real_scratch`."""
     if not _affordable((args, kwargs), tracker.bytes_of):
         return (0,) * count
     key = _probe_key(func, args, kwargs, tracker.entries_of)
@@ -859,6 +906,8 @@ def _probed_blocks(tracker: _Tracker, func: Any, args: tuple, kwargs: dict, copy
         tracker.copy_probes.add(key)
     if reduction:
         tracker.reduction_probes.add(key)
+    if product:
+        tracker.product_probes.add(key)
     if key not in tracker.probed:
         tracker.probed[key] = tuple(blocks())
     return tracker.probed[key]
@@ -1293,6 +1342,8 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
     t0 = time.perf_counter()
     tracker = _Tracker()
     tracker.cpu_workspaces = cpu_workspaces and fake
+    if tracker.cpu_workspaces:  # a float32 workload may still run 16-bit products of its own
+        tracker.scratch_products = _products_holding_scratch()
     tracker.cuda_workspaces = cuda_workspaces and fake
     tracker.cudnn_tf32 = precision == Precision.tf32  # advisor.training.set_matmul_precision's switch
     tracker.reduce_gpu = reduce_gpu if fake and device == "cuda" and not tracker.cuda_workspaces else None
@@ -1370,12 +1421,15 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
     copies = len(tracker.copy_probes)
     # reductions whose kernels hold scratch: the others, most, were probed for nothing
     reductions = sum(sum(tracker.probed[k]) > 0 for k in tracker.reduction_probes)
+    # products whose kernels hold scratch beside their output (the probe's second block; none on a CPU whose do not)
+    products = sum(tracker.probed[k][1] > 0 for k in tracker.product_probes)
     return Trace(curve=curve, sizes=sizes, ids=ids, untouched=untouched, phases=phases.astype(np.int64),
                  param_bytes=int(param_bytes),
                  grad_bytes=int(grad_bytes), opt_state_bytes=int(opt_state_bytes), largest_block_bytes=int(block_bytes),
                  flops_per_step=tracker.flops, num_params=int(num_params), seconds=time.perf_counter() - t0,
-                 sized_kernels=len(tracker.workspace_bytes) + len(tracker.probed) - copies - len(tracker.reduction_probes),
-                 probed_copies=copies, probed_reductions=reductions,
+                 sized_kernels=len(tracker.workspace_bytes) + len(tracker.probed) - copies - len(tracker.reduction_probes)
+                 - len(tracker.product_probes),
+                 probed_copies=copies, probed_reductions=reductions, probed_products=products,
                  sized_on="cuda" if tracker.cuda_workspaces else "cpu", cublas_threads=sum(kind == "cublas" for _, kind in tracker.cublas_at),
                  cublas_at=tuple(sorted((i, kind) for (_, kind), i in tracker.cublas_at.items())),
                  reduce_scratch=len(tracker.reduce_scratch), reduce_gpu=tracker.reduce_gpu,
