@@ -760,7 +760,8 @@ def _scratch_ops() -> frozenset:
 
 def _half_product(func: Any, args: tuple, dtypes: frozenset) -> bool:
     """Whether the op is a matrix product of 16-bit floats (bf16, fp16: autocast's linear layers and attention)
-    of a dtype in `dtypes`, those whose products hold scratch on this CPU (`_products_holding_scratch`).
+    of a dtype in `dtypes`, those whose products hold a buffer beside their output on this CPU
+    (`_products_holding_scratch`).
     Their CPU kernel may take scratch inside itself through torch's allocator: oneDNN's matmul on a CPU with
     AMX (an Intel Xeon reported as family 6 model 207, session 54) holds a float32 buffer of the output's size
     or more beside it. bf16 (32, 10) x (10, 8192), a linear layer's input gradient: 1058432 bytes beside the
@@ -768,20 +769,30 @@ def _half_product(func: Any, args: tuple, dtypes: frozenset) -> bool:
     conv net's bf16 live peak was 371096 bytes over its trace there, at that product (tests/advisor/
     lazy_convnet.py), where a Zen 5 CPU's matched it. A Zen 4 CPU (family 25 model 17, avx512_bf16 without
     AMX; session 55) holds a little: the same bf16 product 26240 bytes over its output, bf16 (512, 768) x
-    (768, 768) 263808 bytes; its fp16 products none. The scratch is not affine in the batch (largest.py)."""
+    (768, 768) 263808 bytes, (2048, 768) x (768, 3072) about as much; its fp16 products none. AMX's
+    scratch is not affine in the batch (largest.py)."""
     import torch
 
     products = _stride_ops()[1]
     return func.overloadpacket in products and isinstance(args[0], torch.Tensor) and args[0].dtype in dtypes
 
 
+# A 16-bit dtype's matrix products are probed where one of this CPU's holds scratch of at least this share of its
+# output beside it (`_products_holding_scratch`): a buffer that grows with the output, as AMX's float32 one does
+PRODUCT_SCRATCH_SHARE = 0.5
+
+
 @functools.cache
-def _products_holding_scratch() -> frozenset:
-    """The 16-bit dtypes whose matrix products hold scratch beside their output on this CPU, from one small
-    product each under the profiler (bf16 (32, 10) x (10, 8192): a few milliseconds). Only theirs are probed: a
-    Zen 4 (session 55) holds nothing beside its fp16 products and runs them slowly, (2048, 768) x (768, 3072)
-    in 10.4 s against bf16's 0.03 s; probing them ran gpt2-small b4's fp16 trace past ten minutes there, where
-    probing bf16's took its trace from 2.6 to 6.1 s."""
+def _products_holding_scratch(share: float) -> frozenset:
+    """The 16-bit dtypes whose matrix products hold scratch of at least `share` of their output beside it on this
+    CPU, from one small product each under the profiler (bf16 (32, 10) x (10, 8192): a few milliseconds). Only
+    theirs are probed, as the probes cost a real run of every product shape and, where they find scratch, the
+    largest batch is searched again on exact traces (largest.py). A Zen 4 (session 55) holds 26240 bytes beside
+    that bf16 product's 512 KiB and about the same 258 KiB beside larger ones, a buffer that does not grow with
+    them; probed, gpt2-small b4's uncalibrated bf16 estimate took 21.4 s against 4.9 s for no change in its
+    answer. It holds nothing beside its fp16 products and runs them slowly, (2048, 768) x (768, 3072) in 10.4 s
+    against bf16's 0.03 s: probing them ran gpt2-small b4's fp16 trace past ten minutes. An AMX Xeon holds a
+    float32 buffer of about the output's size beside either (session 54)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -793,7 +804,8 @@ def _products_holding_scratch() -> frozenset:
         with _stderr_to_devnull(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             out = torch.mm(a, b)
             del out
-        if sum(n for n in memory_events(prof) if n > 0) > 32 * 8192 * dtype.itemsize:
+        scratch = sum(n for n in memory_events(prof) if n > 0) - 32 * 8192 * dtype.itemsize
+        if scratch > 0 and scratch >= share * 32 * 8192 * dtype.itemsize:
             holding.add(dtype)
     return frozenset(holding)
 
@@ -1343,7 +1355,7 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
     tracker = _Tracker()
     tracker.cpu_workspaces = cpu_workspaces and fake
     if tracker.cpu_workspaces:  # a float32 workload may still run 16-bit products of its own
-        tracker.scratch_products = _products_holding_scratch()
+        tracker.scratch_products = _products_holding_scratch(PRODUCT_SCRATCH_SHARE)
     tracker.cuda_workspaces = cuda_workspaces and fake
     tracker.cudnn_tf32 = precision == Precision.tf32  # advisor.training.set_matmul_precision's switch
     tracker.reduce_gpu = reduce_gpu if fake and device == "cuda" and not tracker.cuda_workspaces else None
