@@ -182,3 +182,21 @@ def test_this_machine_derives_a_peak_at_least_its_measured_matmuls() -> None:
     for dtype in ("fp32", "bf16") if cpu.bf16_unit else ("fp32",):
         measured = bench_matmul("cpu", dtype, 1.0).tflops
         assert 0 < measured <= peaks[dtype] * boost, (dtype, measured, peaks[dtype], cpu)
+
+
+def test_fp16_on_a_cpu_has_no_roofline_rather_than_fp32s_peak() -> None:
+    """A CPU's fp16 products run far under its fp32 peak (no fp16 unit): the real estimate says it has no step
+    time for fp16 instead of crediting fp32's peak, and still times bf16; a GPU missing a dtype's figure keeps
+    fp32's as before (a T4 lists no bf16 peak)."""
+    from advisor import estimate_memory
+
+    for target in ("cpu", "local"):
+        with pytest.raises(ValueError, match="no fp16 peak"):
+            peak_flops(get_hardware(target), Precision.fp16)
+    assert peak_flops(get_hardware("t4"), Precision.bf16) == pytest.approx(CATALOG["t4"].peak_tflops["fp32"] * 1e12)
+    half = estimate_memory("tiny-mlp", "cpu", 8, precision="fp16", calibrate=False, measured=False)
+    assert half.predicted_step_s is None and half.predicted_samples_per_s is None
+    assert any(n.startswith("no roofline:") and "no fp16 peak" in n for n in half.notes), half.notes
+    assert half.total_bytes > 0  # the memory estimate itself is unchanged
+    brain = estimate_memory("tiny-mlp", "cpu", 8, precision="bf16", calibrate=False, measured=False)
+    assert brain.predicted_step_s is not None and brain.predicted_step_s > 0
