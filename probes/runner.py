@@ -173,7 +173,8 @@ def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: 
         return estimate_memory(workload, hw, config.batch_size, precision=config.precision, optimizer=config.optimizer,
                                strategy=config.strategy, checkpointing=config.checkpointing,
                                fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl,
-                               workload_args=wargs, calibrate=False, compile_mode=config.compile_mode.value), None
+                               workload_args=wargs, calibrate=False, compile_mode=config.compile_mode.value,
+                               exact_largest=False), None
     except AdvisorError as exc:
         return None, f"no estimate: {exc}"
     except Exception as exc:  # noqa: BLE001 - an estimator bug must not lose a measurement; it is reported

@@ -110,7 +110,7 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
                               optimizer=config.optimizer, strategy=config.strategy, checkpointing=config.checkpointing,
                               fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl,
                               workload_args=workload_args, calibrate=False, margin=margin,
-                              compile_mode=config.compile_mode.value)
+                              compile_mode=config.compile_mode.value, exact_largest=False)
     except (EstimateError, TrialError) as exc:  # TrialError: the estimator's real-step fallback itself failed
         return Feasibility(launch=True, reason=f"no estimate ({exc}); launching to measure")
     sharing = config.nproc if hardware.device_type == "cpu" else 1

@@ -92,7 +92,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
                     offload_optimizer: bool = False, offload_params: bool = False, optimizer_impl: str | None = None,
                     workload_args: dict[str, Any] | None = None, calibrate: bool | None = None,
                     margin: float | None = None, method: str = "auto", measured: bool | MeasuredPeaks = True,
-                    compile_mode: str = "none") -> MemoryEstimate:
+                    compile_mode: str = "none", exact_largest: bool = True) -> MemoryEstimate:
     """Predict per-device peak memory of a training step, whether it fits, and the largest batch.
 
     `method`: 'traced' (fake-tensor trace), 'analytic' (decoder formulas), or 'auto' (analytic
@@ -102,6 +102,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     target (default: settings).
     `measured`: refine with measured peaks of the same workload fingerprint, device and knobs
     (`compile_mode` among them) from the default store (True), the given store, or not (False).
+    `exact_largest`: where kernels' scratch is not affine in the batch, search the largest batch again on exact
+    traces (up to 8 more); False for callers that need only the request's own batch (the tuner's pruning, a
+    trial's prediction): the largest batch is then the traces' line's, and a note says so.
     """
     from advisor.settings import get_settings
 
@@ -193,6 +196,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     elif local_cpu and calib is None and bm.trace_a.probed_products:
         exact = "16-bit matrix products' scratch probed at each (oneDNN's buffer follows the blocking it picks for " \
                 "the shape, not a line in the batch)"
+    if exact and not exact_largest:
+        notes.append(f"largest batch from the traces' line, not searched again on exact traces ({exact}): not asked for")
+        exact = None
     trace_at = _tracer(wl, req, local_cpu, hw.device_type, probe_gpu) if exact else None
     by_strategy = largest_batches(ev, calib is not None, points, workload, workload_args, usable, notes, record,
                                   trace_at, exact or "")

@@ -122,6 +122,27 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
                for e in asked.values()), asked[2].notes
     assert (at(got[2]).fits, at(got[2] + 1).fits) == (True, False)
 
+    # The tuner's pruning and a trial's prediction need only the request's own batch: two traces, not the search's
+    # (up to 8 more, each probing every product), the same total, and a note that the largest batch is the line's.
+    from search_spaces import feasibility
+    from probes.config import TrainingConfig
+    from advisor.estimate import estimator
+
+    traced: list[int] = []
+
+    def counted(wl, b, **kw):
+        traced.append(b)
+        return trace_training(wl, b, **kw)
+
+    monkeypatch.setattr(estimator, "trace_training", counted)
+    line = estimate_memory("tiny-bert", hw, 2, precision="bf16", calibrate=False, measured=False,
+                           workload_args={"seq_len": 512}, exact_largest=False)
+    assert sorted(traced) == [2, 4] and (line.total_bytes, line.fits) == (asked[2].total_bytes, asked[2].fits)
+    assert any("not searched again on exact traces" in n for n in line.notes), line.notes
+    traced.clear()
+    feas = feasibility("tiny-bert", {"seq_len": 512}, hw, TrainingConfig(batch_size=2, precision="bf16"), None)
+    assert feas.launch and feas.max_batch_size == line.max_batch_size and sorted(traced) == [2, 4], traced
+
 
 @pytest.mark.parametrize("share", [None, 0.0])
 def test_the_16_bit_products_of_a_dtype_that_holds_scratch_here_are_probed(share, monkeypatch):
