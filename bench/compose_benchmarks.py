@@ -110,6 +110,7 @@ def main() -> int:
     parts.append(_outside("fresh6", "Workloads written before any estimate of them was seen: session 50's"))
     parts.append(_outside("fresh7", "Workloads written before any estimate of them was seen: session 51's"))
     parts.append(_outside("fresh8", "Workloads written before any estimate of them was seen: session 52's"))
+    parts.append(_outside("fresh9", "Workloads written before any estimate of them was seen: session 56's"))
     if CALIBRATION.exists():
         parts.append(CALIBRATION.read_text())
     # bench/estimate_accuracy_cuda.py, on a lent GPU machine

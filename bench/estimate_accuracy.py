@@ -39,7 +39,10 @@ markdown file next to it (accuracy.md):
    backward, a Fourier neural operator with complex weights, MoCo v2 with a momentum encoder and a queue, a capsule
    network with dynamic routing), written in session 51 before any estimate of them was seen; with `--set fresh8`,
    on bench/workloads/fresh8.py's (a triplet network, a PixelShuffle super-resolution net, a RealNVP flow, a
-   hypernetwork generating per-sample weights), written in session 52 before any estimate of them was seen.
+   hypernetwork generating per-sample weights), written in session 52 before any estimate of them was seen; with
+   `--set fresh9`, on bench/workloads/fresh9.py's (a neural ODE under a fixed-step RK4 solver, a sliding-window
+   attention language model over unfolded keys, an SE-ResNet with stochastic depth on mixup batches, knowledge
+   distillation from a frozen teacher), written in session 56 before any estimate of them was seen.
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
@@ -225,12 +228,26 @@ FRESH8_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("hypernetwork (per-sample generated weights, bmm)", f"{_FRESH8}:hypernet", {}, (128, 1024)),
 ]
 
+# Workloads written in session 56 before any estimate of them was seen (bench/workloads/fresh9.py), for
+# `--set fresh9`: kinds no earlier set has (one dynamics block evaluated 16 times by an RK4 solver, windows of keys
+# and values cut by Tensor.unfold, per-sample stochastic depth under mixup, a frozen teacher run without gradients
+# inside the step). Sized by one measured run each (fp32 adamw, session 56's AMD VM, family 26 model 2, MiB at the
+# batches tried): node 413 / 1401 at 8 / 32, localattn 941 / 3256 at 2 / 8, seresnet 483 / 1103 at 16 / 64,
+# distill 394 / 791 at 32 / 128.
+_FRESH9 = "bench/workloads/fresh9.py"
+FRESH9_WORKLOADS: list[WorkloadCase] = [
+    WorkloadCase("neural ODE (RK4 over one dynamics block)", f"{_FRESH9}:node", {}, (8, 32)),
+    WorkloadCase("sliding-window attention (unfolded keys)", f"{_FRESH9}:localattn", {}, (2, 6)),
+    WorkloadCase("SE-ResNet (stochastic depth, mixup)", f"{_FRESH9}:seresnet", {}, (16, 64)),
+    WorkloadCase("distillation (frozen teacher, no_grad)", f"{_FRESH9}:distill", {}, (32, 128)),
+]
+
 # The accuracy part's workload sets beside the presets' grid (`--set`): each is named by its path in the tree.
 SETS: dict[str, list[WorkloadCase]] = {"unseen": UNSEEN_WORKLOADS, "fresh": FRESH_WORKLOADS, "kinds": KINDS_WORKLOADS,
                                        "fresh2": FRESH2_WORKLOADS, "fresh3": FRESH3_WORKLOADS,
                                        "fresh4": FRESH4_WORKLOADS, "fresh5": FRESH5_WORKLOADS,
                                        "fresh6": FRESH6_WORKLOADS, "fresh7": FRESH7_WORKLOADS,
-                                       "fresh8": FRESH8_WORKLOADS}
+                                       "fresh8": FRESH8_WORKLOADS, "fresh9": FRESH9_WORKLOADS}
 
 QUICK_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("MLP", "mlp", {}, (1024, 1024)),
@@ -976,7 +993,7 @@ def main(argv: list[str] | None = None) -> int:
                     "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, "
                     "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, "
                     "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's "
-                    "to fresh8.py's, each written in a later session before any estimate of it was seen (its "
+                    "to fresh9.py's, each written in a later session before any estimate of it was seen (its "
                     "docstring says which)")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
