@@ -103,7 +103,7 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, batc
     `measured`: refine with measured peaks of the same workload fingerprint, device and knobs
     (`compile_mode` among them) from the default store (True), the given store, or not (False).
     `exact_largest`: where kernels' scratch is not affine in the batch, search the largest batch again on exact
-    traces (up to 8 more); False for callers that need only the request's own batch (the tuner's pruning, a
+    traces (up to largest.EXACT_TRACES more); False for callers that need only the request's own batch (the tuner's pruning, a
     trial's prediction): the largest batch is then the traces' line's, and a note says so.
     """
     from advisor.settings import get_settings

@@ -22,11 +22,10 @@ def peak_flops(hw: HardwareSpec, precision: Precision) -> float:
            Precision.fp16: "fp16"}[precision]
     peaks = hw.accelerator.peak_tflops
     if key == "fp16" and not peaks.get(key) and not hw.accelerator.supports_fp16:
-        # fp32's peak is no stand-in here: without fp16 arithmetic (AVX512-FP16, AMX-FP16) a CPU's fp16 products
-        # leave oneDNN for ATen's scalar loops (a Zen 4's (2048, 768) x (768, 3072) product ran at 0.9 GFLOP/s,
-        # about 1/180 of its fp32 peak, in 10.4 s against bf16's 0.03 s)
+        # fp32's peak is no stand-in here: a Zen 4 without AVX512-FP16 (session 55) ran an fp16 (2048, 768) x
+        # (768, 3072) product in 10.4 s, 0.9 GFLOP/s, about 1/180 of its fp32 peak (bf16's took 0.03 s)
         raise ValueError(f"{hw.accelerator.name} has no fp16 peak: fp16 is not a training path it supports, and its "
-                         "fp32 peak would overstate fp16 products by orders of magnitude")
+                         "fp32 peak says nothing of its fp16 products (a Zen 4's ran at 1/180 of it)")
     tflops = peaks.get(key) or peaks.get("fp32")
     if not tflops:
         raise ValueError(f"{hw.accelerator.name} has no peak TFLOP/s for {key} or fp32")

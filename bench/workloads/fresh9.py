@@ -23,6 +23,16 @@ def _gen(seed=0):
     return g
 
 
+def _labelled_images(image, classes):
+    """make_batch for the image models here: n RGB images of image x image and a class label each."""
+
+    def make_batch(n):
+        g = _gen()
+        return torch.randn(n, 3, image, image, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+    return make_batch
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Neural ODE: one dynamics block, integrated by RK4 over fixed steps
 
@@ -57,16 +67,13 @@ class _NeuralODE(nn.Module):
 
 
 def node(batch_size: int = 16, image: int = 64, channels: int = 64, steps: int = 4, classes: int = 10):
-    def make_batch(n):
-        g = _gen()
-        return torch.randn(n, 3, image, image, generator=g), torch.randint(0, classes, (n,), generator=g)
-
     def loss_fn(model, batch):
         x, y = batch
         return F.cross_entropy(model(x), y)
 
-    return Workload(name="node", build_model=lambda: _NeuralODE(channels, steps, classes), make_batch=make_batch,
-                    loss_fn=loss_fn, default_batch_size=batch_size, conv_net=True)
+    return Workload(name="node", build_model=lambda: _NeuralODE(channels, steps, classes),
+                    make_batch=_labelled_images(image, classes), loss_fn=loss_fn, default_batch_size=batch_size,
+                    conv_net=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -175,10 +182,6 @@ class _SEResNet(nn.Module):
 
 def seresnet(batch_size: int = 32, image: int = 64, width: int = 32, classes: int = 100, drop: float = 0.2,
              alpha: float = 0.4):
-    def make_batch(n):
-        g = _gen()
-        return torch.randn(n, 3, image, image, generator=g), torch.randint(0, classes, (n,), generator=g)
-
     def loss_fn(model, batch):
         x, y = batch
         lam = float(torch.distributions.Beta(alpha, alpha).sample())
@@ -187,8 +190,9 @@ def seresnet(batch_size: int = 32, image: int = 64, width: int = 32, classes: in
         target = lam * F.one_hot(y, classes).float() + (1 - lam) * F.one_hot(y[perm], classes).float()
         return torch.sum(-target * F.log_softmax(model(mixed), dim=-1), dim=-1).mean()
 
-    return Workload(name="seresnet", build_model=lambda: _SEResNet(width, classes, drop), make_batch=make_batch,
-                    loss_fn=loss_fn, default_batch_size=batch_size, conv_net=True)
+    return Workload(name="seresnet", build_model=lambda: _SEResNet(width, classes, drop),
+                    make_batch=_labelled_images(image, classes), loss_fn=loss_fn, default_batch_size=batch_size,
+                    conv_net=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -223,10 +227,6 @@ class _Distill(nn.Module):
 
 
 def distill(batch_size: int = 32, image: int = 64, classes: int = 100, temperature: float = 4.0, mix: float = 0.7):
-    def make_batch(n):
-        g = _gen()
-        return torch.randn(n, 3, image, image, generator=g), torch.randint(0, classes, (n,), generator=g)
-
     def loss_fn(model, batch):
         x, y = batch
         student, teacher = model(x)
@@ -234,5 +234,5 @@ def distill(batch_size: int = 32, image: int = 64, classes: int = 100, temperatu
                         reduction="batchmean", log_target=True) * temperature ** 2
         return mix * soft + (1 - mix) * F.cross_entropy(student, y)
 
-    return Workload(name="distill", build_model=lambda: _Distill(classes), make_batch=make_batch, loss_fn=loss_fn,
-                    default_batch_size=batch_size, conv_net=True)
+    return Workload(name="distill", build_model=lambda: _Distill(classes), make_batch=_labelled_images(image, classes),
+                    loss_fn=loss_fn, default_batch_size=batch_size, conv_net=True)

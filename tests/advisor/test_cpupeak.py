@@ -198,5 +198,5 @@ def test_fp16_on_a_cpu_has_no_roofline_rather_than_fp32s_peak() -> None:
     assert half.predicted_step_s is None and half.predicted_samples_per_s is None
     assert any(n.startswith("no roofline:") and "no fp16 peak" in n for n in half.notes), half.notes
     assert half.total_bytes > 0  # the memory estimate itself is unchanged
-    brain = estimate_memory("tiny-mlp", "cpu", 8, precision="bf16", calibrate=False, measured=False)
-    assert brain.predicted_step_s is not None and brain.predicted_step_s > 0
+    bf16 = estimate_memory("tiny-mlp", "cpu", 8, precision="bf16", calibrate=False, measured=False)
+    assert bf16.predicted_step_s is not None and bf16.predicted_step_s > 0
