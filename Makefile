@@ -1,11 +1,11 @@
-# Two set-up commands: `make demo` (main job on a built-in default) and `make test`.
+# Two set-up commands: `make demo` (main job on a built-in default) and `make test` (lint, then the tests).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 export ADVISOR_DATA_DIR ?= $(CURDIR)/.data
 
-.PHONY: demo test install bench clean browser
+.PHONY: demo test lint install bench clean browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,11 +33,15 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
 	  || (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null); fi
 
+# ruff's rules and line length are in pyproject.toml; `make test` runs it first.
+lint: install
+	$(BIN)/ruff check .
+
 # Two pytest workers, each taking whole test files (their module fixtures are set up once): the
-# suite waits on subprocesses, Ray and real runs as much as it computes, so two overlap well on two
-# cores (session 31's 2-vCPU VM: 15 min alone, 11-12 min so). TEST_WORKERS=0 runs it in one process.
+# suite waits on subprocesses, Ray and real runs as much as it computes, so two overlap those waits
+# well on two cores. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-test: install browser
+test: install lint browser
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: install

@@ -10,15 +10,16 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.workload import DecoderArch, Workload
 
-__all__ = ["AdvisorError", "DecoderArch", "Workload", "estimate_memory", "get_hardware", "load_workload"]
+__all__ = ["AdvisorError", "DecoderArch", "EstimateOptions", "EstimateRequest", "Workload", "estimate_memory",
+           "get_hardware", "load_workload"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    if name == "estimate_memory":
-        from advisor.estimate import estimate_memory
+    if name in ("estimate_memory", "EstimateRequest", "EstimateOptions"):
+        import advisor.estimate
 
-        return estimate_memory
+        return getattr(advisor.estimate, name)
     if name == "get_hardware":
         from advisor.hardware import get_hardware
 

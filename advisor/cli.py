@@ -46,10 +46,12 @@ def _positive_int(value: str) -> int:
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", "-w", required=True, help="preset name (e.g. gpt2-small), path/to/file.py:build or pkg.module:build")
+    p.add_argument("--workload", "-w", required=True,
+                   help="preset name (e.g. gpt2-small), path/to/file.py:build or pkg.module:build")
     p.add_argument("--workload-arg", "-a", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the workload's build (JSON where it parses); repeatable")
-    p.add_argument("--hardware", "-H", default="local", help="catalog name[:devices[xnodes]] (e.g. h100-sxm:8), 'cpu' or 'local'")
+    p.add_argument("--hardware", "-H", default="local",
+                   help="catalog name[:devices[xnodes]] (e.g. h100-sxm:8), 'cpu' or 'local'")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -61,16 +63,20 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_workload_args(est)
     est.add_argument("--batch-size", "-b", type=_positive_int, help="micro-batch per device (default: the workload's)")
     est.add_argument("--seq-len", type=_positive_int, help="sequence length, for workloads that take seq_len")
-    est.add_argument("--precision", "-p", type=_enum(Precision), default=Precision.fp32, help=f"one of {choices(Precision)}")
-    est.add_argument("--optimizer", "-o", type=_enum(OptimizerKind), default=OptimizerKind.adamw, help=f"one of {choices(OptimizerKind)}")
-    est.add_argument("--strategy", "-s", type=_enum(Strategy), default=Strategy.single, help=f"one of {choices(Strategy)}")
+    est.add_argument("--precision", "-p", type=_enum(Precision), default=Precision.fp32,
+                     help=f"one of {choices(Precision)}")
+    est.add_argument("--optimizer", "-o", type=_enum(OptimizerKind), default=OptimizerKind.adamw,
+                     help=f"one of {choices(OptimizerKind)}")
+    est.add_argument("--strategy", "-s", type=_enum(Strategy), default=Strategy.single,
+                     help=f"one of {choices(Strategy)}")
     est.add_argument("--optimizer-impl", choices=["for-loop", "foreach", "fused"], default=None)
     est.add_argument("--checkpointing", action="store_true", help="activation checkpointing of the repeated blocks")
     est.add_argument("--fused-backward", action="store_true", help="optimizer step fused into backward")
     est.add_argument("--offload-optimizer", action="store_true", help="optimizer state and step on the host")
     est.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameters on the host")
     est.add_argument("--method", choices=["auto", "traced", "analytic"], default="auto")
-    est.add_argument("--no-calibrate", action="store_true", help="no short real run on this CPU, and no cuDNN workspace sized on this GPU")
+    est.add_argument("--no-calibrate", action="store_true",
+                     help="no short real run on this CPU, and no cuDNN workspace sized on this GPU")
     est.add_argument("--margin", type=float, default=None, help="fraction of device memory kept free (default 0.05)")
     est.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -88,9 +94,10 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="wait up to S seconds for the machine to go quiet before starting (default 5; 0: at once)")
     trial.add_argument("--no-estimate", action="store_true", help="skip the estimator's prediction")
     trial.add_argument("--record-peak", choices=("auto", "always", "never"), default="auto",
-                       help="CPU: after the trial, run DESIGN.md's peak protocol once in a fresh process and keep it as "
-                            "a measured peak that refines later estimates (auto: where the trial's peak, measured or "
-                            "predicted, is 1/8 or more of its memory and no such peak lies near its batch; default auto)")
+                       help="CPU: after the trial, run docs/design.md's peak protocol once in a fresh process and "
+                            "keep it as a measured peak that refines later estimates (auto: where the trial's peak, "
+                            "measured or predicted, is 1/8 or more of its memory and no such peak lies near its batch; "
+                            "default auto)")
     trial.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     sub.add_parser("workloads", help="list the built-in workload presets")
@@ -131,7 +138,7 @@ def _positive_float(value: str) -> float:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.render import estimate_table
     from advisor.workload import parse_workload_args
 
@@ -140,6 +147,11 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         wargs["seq_len"] = args.seq_len
     if args.margin is not None and not 0 <= args.margin < 1:
         raise SpecError(f"--margin {args.margin} is not allowed; give a fraction in [0, 1)")
+    request = EstimateRequest.of(args.batch_size, precision=args.precision, optimizer=args.optimizer,
+                                 strategy=args.strategy, checkpointing=args.checkpointing,
+                                 fused_backward=args.fused_backward, offload_optimizer=args.offload_optimizer,
+                                 offload_params=args.offload_params, optimizer_impl=args.optimizer_impl)
+    options = EstimateOptions(calibrate=False if args.no_calibrate else None, margin=args.margin, method=args.method)
     from rich.console import Console
 
     from advisor.estimate.stages import listening
@@ -148,12 +160,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     # processes and runs near the largest batch, up to minutes for a slow step); JSON stays clean.
     title = f"estimating {args.workload} on {args.hardware}"
     with Console(stderr=True).status(title) as spinner, listening(lambda stage: spinner.update(f"{title}: {stage}")):
-        est = estimate_memory(args.workload, args.hardware, args.batch_size, precision=args.precision,
-                              optimizer=args.optimizer, strategy=args.strategy, checkpointing=args.checkpointing,
-                              fused_backward=args.fused_backward, offload_optimizer=args.offload_optimizer,
-                              offload_params=args.offload_params, optimizer_impl=args.optimizer_impl,
-                              workload_args=wargs, calibrate=False if args.no_calibrate else None,
-                              margin=args.margin, method=args.method)
+        est = estimate_memory(args.workload, args.hardware, request, options, workload_args=wargs)
     if args.json:
         print(est.model_dump_json(indent=2))
     else:
@@ -166,9 +173,8 @@ def _cmd_trial(args: argparse.Namespace) -> int:
 
     from advisor.errors import invalid_input
     from advisor.render import parse_bytes, trial_table
+    from advisor.trial import TrialBudget, TrialStatus
     from advisor.workload import parse_workload_args
-    from probes.config import TrialBudget
-    from probes.result import TrialStatus
     from probes.runner import run_trial
 
     knobs = parse_workload_args(args.knobs, flag="--set")
@@ -184,7 +190,8 @@ def _cmd_trial(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     with Console(stderr=True).status(f"measuring {args.workload} on {args.hardware} (warm-up, then timed steps)"):
-        result = run_trial(args.workload, knobs, hardware=args.hardware, workload_args=parse_workload_args(args.workload_arg),
+        result = run_trial(args.workload, knobs, hardware=args.hardware,
+                           workload_args=parse_workload_args(args.workload_arg),
                            budget=budget, estimate=not args.no_estimate)
     if args.json:
         print(result.model_dump_json(indent=2))
@@ -234,7 +241,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         if bench is None:
             print(probe.model_dump_json(indent=2))
         else:
-            print(json.dumps({"probe": probe.model_dump(mode="json"), "bench": bench.model_dump(mode="json")}, indent=2))
+            print(json.dumps({"probe": probe.model_dump(mode="json"), "bench": bench.model_dump(mode="json")},
+                             indent=2))
         return 0
     if probe.note:
         print(probe.note)

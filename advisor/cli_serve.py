@@ -55,7 +55,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         worker = JobWorker(url).start()
     from advisor.store.engine import describe
 
-    jobs = f"tune jobs: {len(worker.slots)} at once ({', '.join(worker.slots)})" if worker else "tune jobs: not run here"
+    jobs = (f"tune jobs: {len(worker.slots)} at once ({', '.join(worker.slots)})" if worker
+            else "tune jobs: not run here")
     print(f"advisor serve: http://{host}:{port}/ (API under /v1, docs at /docs); store: {describe(url)}; {jobs}",
           flush=True)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it

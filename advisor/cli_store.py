@@ -73,7 +73,8 @@ def add_parsers(sub: argparse._SubParsersAction, positive_int) -> None:  # noqa:
 
 
 def _add_export(res_sub: argparse._SubParsersAction, positive_int) -> None:  # noqa: ANN001
-    exp = res_sub.add_parser("export", help="the stored best (or one trial) as JSON, a Python script or a torchrun command")
+    exp = res_sub.add_parser("export",
+                             help="the stored best (or one trial) as JSON, a Python script or a torchrun command")
     exp.add_argument("--trial", type=positive_int, default=None, metavar="ID", help="export this trial")
     exp.add_argument("--workload", default=None, help="export the best of this workload (name or fingerprint)")
     exp.add_argument("--hardware", default=None, help="... on this hardware (name or fingerprint)")

@@ -8,7 +8,7 @@ import shlex
 from typing import TYPE_CHECKING, Any, Literal
 
 from advisor.errors import SpecError
-from probes.config import Pinning, TrainingConfig
+from advisor.trial import Pinning, TrainingConfig
 
 if TYPE_CHECKING:
     from advisor.store import ResultStore, TrialRecord

@@ -3,10 +3,8 @@ TrainingConfig, that a user runs as is (on the advisor's workload) or pastes fro
 
 from __future__ import annotations
 
-from probes.config import CompileMode, Pinning, TrainingConfig
-from probes.parallel import GLOO_EXIT_PAUSE_S
-
 from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.trial import GLOO_EXIT_PAUSE_S, CompileMode, Pinning, TrainingConfig
 
 _OPTIMIZERS = {
     OptimizerKind.sgd: ("torch.optim.SGD", ""), OptimizerKind.sgd_momentum: ("torch.optim.SGD", ", momentum=0.9"),
@@ -86,7 +84,8 @@ def _model(c: TrainingConfig) -> list[str]:
                 "    block.forward = partial(checkpoint, block.forward, use_reentrant=False)"]
     if c.strategy in (Strategy.ddp, Strategy.zero1):
         ids = "device_ids=[local_rank]" if c.device == "cuda" else ""
-        out += ["from torch.nn.parallel import DistributedDataParallel as DDP", "", f"model = DDP(model{', ' if ids else ''}{ids})"]
+        out += ["from torch.nn.parallel import DistributedDataParallel as DDP", "",
+                f"model = DDP(model{', ' if ids else ''}{ids})"]
     elif c.strategy in (Strategy.zero2, Strategy.zero3):
         reshard = c.strategy == Strategy.zero3  # zero3 frees gathered parameters after forward
         out += ["from torch.distributed.fsdp import fully_shard", "",
@@ -101,7 +100,8 @@ def _optimizer(c: TrainingConfig) -> list[str]:
         return ["from advisor.training import RowWiseAdagrad", "",
                 "optimizer = RowWiseAdagrad(model.parameters(), lr=1e-2)", ""]
     cls, extra = _OPTIMIZERS[c.optimizer]
-    impl = {"for-loop": ", foreach=False", "foreach": ", foreach=True", "fused": ", fused=True"}.get(c.optimizer_impl or "", "")
+    impls = {"for-loop": ", foreach=False", "foreach": ", foreach=True", "fused": ", fused=True"}
+    impl = impls.get(c.optimizer_impl or "", "")
     if c.optimizer == OptimizerKind.adagrad and impl == ", fused=True":
         impl = ""  # Adagrad has no fused kernel in torch
     kw = f"lr=1e-3{extra}{impl}"
@@ -109,7 +109,8 @@ def _optimizer(c: TrainingConfig) -> list[str]:
         return ["# the optimizer step runs inside backward, one parameter at a time, freeing each gradient",
                 "optimizers = {p: " + f"{cls}([p], {kw})" + " for p in model.parameters() if p.requires_grad}",
                 "", "def step_and_free(param):", "    optimizers[param].step()", "    param.grad = None", "",
-                "for p in optimizers:", "    p.register_post_accumulate_grad_hook(step_and_free)", "optimizer = None", ""]
+                "for p in optimizers:", "    p.register_post_accumulate_grad_hook(step_and_free)",
+                "optimizer = None", ""]
     if c.strategy == Strategy.zero1:
         return ["from torch.distributed.optim import ZeroRedundancyOptimizer", "",
                 f"optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class={cls}, {kw})", ""]
@@ -136,8 +137,9 @@ def _data(c: TrainingConfig, has_dataset: bool) -> list[str]:
     knobs = ", ".join(kw)
     if not has_dataset:
         return ["class Batches(torch.utils.data.IterableDataset):  # whole batches from make_batch",
-                "    def __iter__(self):", "        while True:", "            yield workload.make_batch(BATCH_SIZE)", "",
-                "sampler = None", f"loader = DataLoader(Batches(), batch_size=None, {knobs})", ""]
+                "    def __iter__(self):", "        while True:",
+                "            yield workload.make_batch(BATCH_SIZE)", "", "sampler = None",
+                f"loader = DataLoader(Batches(), batch_size=None, {knobs})", ""]
     out = ["dataset = workload.dataset()"]
     if c.nproc > 1:
         out += ["from torch.utils.data.distributed import DistributedSampler", "",
@@ -150,13 +152,14 @@ def _data(c: TrainingConfig, has_dataset: bool) -> list[str]:
 
 
 def _to_device(c: TrainingConfig) -> list[str]:
-    out = ["def to_device(batch):", "    def move(x):", "        if not isinstance(x, torch.Tensor):", "            return x",
-           f"        x = x.to(device, non_blocking={c.pin_memory})"]
+    out = ["def to_device(batch):", "    def move(x):", "        if not isinstance(x, torch.Tensor):",
+           "            return x", f"        x = x.to(device, non_blocking={c.pin_memory})"]
     if c.channels_last:
         out += ["        if x.dim() == 4 and x.is_floating_point():",
                 "            x = x.contiguous(memory_format=torch.channels_last)"]
     if c.precision == Precision.bf16_pure:
-        out += ["        if x.is_floating_point():", "            x = x.to(torch.bfloat16)  # bf16 weights take bf16 inputs"]
+        out += ["        if x.is_floating_point():",
+                "            x = x.to(torch.bfloat16)  # bf16 weights take bf16 inputs"]
     return out + ["        return x", "", "    return torch.utils._pytree.tree_map(move, batch)", ""]
 
 
@@ -186,7 +189,7 @@ def _loop(c: TrainingConfig) -> list[str]:
         # every rank done with its collectives before any tears the group down (gloo aborted a
         # rank at exit about one run in three without it)
         out += ["dist.barrier()", "dist.destroy_process_group()"]
-    if c.nproc > 1 and c.device != "cuda":  # see probes.parallel.GLOO_EXIT_PAUSE_S
+    if c.nproc > 1 and c.device != "cuda":  # see advisor.trial.GLOO_EXIT_PAUSE_S
         out += ["# gloo's workers free the last backward's collectives only once they hold the GIL; an interpreter",
                 "# shutting down ends a worker still waiting for it (SIGABRT at exit): hand them the GIL first",
                 "import time", "", f"time.sleep({GLOO_EXIT_PAUSE_S})"]

@@ -1,14 +1,11 @@
-"""Real CPU memory measurement of a few training steps, in a fresh process (DESIGN.md's protocol).
+"""Real CPU memory measurement of a few training steps, in a fresh process (docs/design.md's protocol).
 
-`rss` mode: the peak resident set over the resident set just before build_model(), after the
-optimizer has stepped `steps` >= 2 times (the kernel's high-water mark, reset just before the build:
-ru_maxrss would carry over the launching process's memory, see advisor/procmem.py). `alloc` mode: the exact peak of live tensor
-bytes, from the profiler's [memory] events replayed in order. The two are separate runs because
-the profiler's own buffers would inflate the resident set; it runs under a fixed glibc mmap threshold
-(PROFILED_MMAP_THRESHOLD). `trace` mode runs the estimator's
-tracer on real tensors and writes its allocation log to a file (for calibration). `cuda` mode
-runs the steps on the GPU and reports max_memory_allocated / max_memory_reserved.
-
+`rss`: the peak resident set over the resident set just before build_model(), after `steps` >= 2
+optimizer steps (the kernel's high-water mark reset before the build; see advisor/procmem.py). `alloc`:
+the exact peak of live tensor bytes from the profiler's memory events, in a separate run under a fixed
+glibc mmap threshold (PROFILED_MMAP_THRESHOLD), as the profiler's buffers would inflate the resident set.
+`trace`: the estimator's tracer on real tensors, its allocation log written to a file (calibration).
+`cuda`: the steps on the GPU, max_memory_allocated / max_memory_reserved.
 Run as `python -m advisor.measure '<json request>'`; prints one JSON line.
 """
 
@@ -26,15 +23,9 @@ from advisor.config import OptimizerKind, Precision
 from advisor.errors import TrialError
 from advisor.procmem import MMAP_THRESHOLD_MAX, current_rss, malloc_env, mark_peak, peak_rss
 
-
-# glibc's mmap threshold in `alloc` mode (bytes; the live tensor bytes it measures do not depend on it).
-# Under glibc's dynamic default the profiled run's heap grew with the batch: a BiLSTM tagger over packed
-# sequences (bench/workloads/fresh4.py:tagger, ~97,000 profiled ops a step) peaked at 7.4 GB resident at
-# batch 4 and 23.1 GB at batch 24 (an unprofiled step at 4: 0.5 GB), where the same runs with the threshold
-# fixed at 1 MiB peaked at 1.2 GB at both, faster (17.3 -> 11.4 s and 43 -> 22 s); resnet18 b16 and
-# gpt2-small b4 alike within 1.2 s (1.41 -> 0.94 and 7.6 -> 6.7 GB). The dynamic threshold rises to the
-# largest mapped chunk freed, after which the step's tensors come from the heap, between the profiler's
-# records, and its freed chunks stay resident. 64 KiB bounds it as well and is slower (27 s at 24).
+# glibc's mmap threshold in `alloc` mode (bytes; the live tensor bytes it measures do not depend on it). Under the
+# dynamic default, which rises to the largest mapped chunk freed, a profiled run's heap grows with the batch
+# (bench/workloads/fresh4.py:tagger at batch 24: 23.1 GB resident, 1.2 GB with the threshold at 1 MiB).
 PROFILED_MMAP_THRESHOLD = 1 << 20
 
 
@@ -48,18 +39,21 @@ class MeasureRequest(BaseModel):
     optimizer: OptimizerKind = OptimizerKind.adamw
     checkpointing: bool = False
     fused_backward: bool = False
-    optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = Field(default=None, description="None: torch's default.")
+    optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = Field(default=None,
+                                                                           description="None: torch's default.")
     steps: int = Field(default=3, ge=2)
     mode: str = Field(default="rss", pattern="^(rss|alloc|trace|cuda)$")
-    trace_path: str | None = Field(default=None, description="mode 'trace': where to write the real-tensor trace (.npz).")
+    trace_path: str | None = Field(default=None,
+                                   description="mode 'trace': where to write the real-tensor trace (.npz).")
     threads: int | None = Field(default=None, gt=0)
     mmap_threshold: int | None = Field(
         default=None, gt=0, le=MMAP_THRESHOLD_MAX,
-        description="glibc's mmap threshold for the run (bytes), fixed through MALLOC_MMAP_THRESHOLD_ before the process "
-        "starts, with the trim threshold at twice it (glibc's own ratio); None: glibc's dynamic default.")
+        description="glibc's mmap threshold for the run (bytes), fixed through MALLOC_MMAP_THRESHOLD_ before the "
+        "process starts, with the trim threshold at twice it (glibc's own ratio); None: glibc's dynamic default.")
     heap_log: str | None = Field(
         default=None, description="mode 'rss': a file to log every allocation and free of the build and steps to "
-        "(advisor.estimate.heaplog), where its logger could be built here; the log is not counted in the resident set.")
+        "(advisor.estimate.resident.heaplog), where its logger could be built here; the log is not counted in the "
+        "resident set.")
     memory_cap_bytes: int | None = Field(
         default=None, gt=0, description="A ceiling on the run's private writable memory (RLIMIT_DATA, bytes): a run "
         "that would outgrow it fails with a message, where without it the host's OOM killer picks a process to kill "
@@ -83,7 +77,8 @@ class MeasureResult(BaseModel):
 def memory_events(prof) -> list[int]:
     """The profiler's CPU [memory] events in time order: bytes allocated (+) or freed (-)."""
     # The kineto results hold every allocator report, in order; prof.events() folds most into ops.
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type().name == "CPU"]
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type().name == "CPU"]
     events.sort(key=lambda e: e.start_ns())
     return [int(e.nbytes()) for e in events]
 
@@ -157,7 +152,7 @@ def _run(req: MeasureRequest) -> MeasureResult:
         save_trace(tr, req.trace_path or "trace.npz")
         return MeasureResult(request=req, alloc_peak_bytes=tr.peak_bytes, seconds=time.perf_counter() - t0)
     if req.mode == "cuda":
-        # DESIGN.md: peaks over the steps, after reset_peak_memory_stats() taken before the build.
+        # docs/design.md: peaks over the steps, after reset_peak_memory_stats() taken before the build.
         from advisor.training import set_matmul_precision
 
         set_matmul_precision(req.precision)
@@ -172,10 +167,11 @@ def _run(req: MeasureRequest) -> MeasureResult:
     if req.mode == "rss":
         heap = None
         if os.environ.get("ADVISOR_HEAP_LOG"):  # heaplog.LOG_ENV, set by measure() for a logged run
-            from advisor.estimate import heaplog as heap
+            from advisor.estimate.resident import heaplog as heap
         mark_peak()
         base = current_rss()
-        logged = heap is not None and heap.start_logging()  # a fixed buffer: the records go to the file, not the resident set
+        # a fixed buffer: the records go to the file, not the resident set
+        logged = heap is not None and heap.start_logging()
         steps(heap.phase_marks() if logged else None)
         peak = peak_rss()
         if logged:
@@ -196,12 +192,11 @@ def child_env(req: MeasureRequest, beside_another: bool = False) -> dict[str, st
     this host's cores, as the calibration's go two at once, each with torch's default thread count: more
     threads than cores), OpenMP threads that wait passively (OMP_WAIT_POLICY=PASSIVE, where no policy was
     set). libgomp's default spins at every barrier, and a spinning thread burns the core that the thread it
-    waits on, in the other process, needs. The policy allocates nothing; the time differs: a BiLSTM tagger over
-    packed sequences (bench/workloads/fresh4.py:tagger, its LSTM stepped one time step at a time: many
-    small ops) took 88 s to trace at batch 8 on a 2-core VM beside two other runs, 22 s with passive waits."""
+    waits on, in the other process, needs. The policy allocates nothing; it saves the time of workloads of many
+    small ops (bench/workloads/fresh4.py:tagger, an LSTM stepped one time step at a time)."""
     env = malloc_env(req.mmap_threshold or (PROFILED_MMAP_THRESHOLD if req.mode == "alloc" else None))
     if req.heap_log is not None and req.mode == "rss":
-        from advisor.estimate import heaplog
+        from advisor.estimate.resident import heaplog
 
         if heaplog.tools() is not None:
             env = heaplog.run_env(req.heap_log, env)
@@ -217,10 +212,12 @@ def measure(req: MeasureRequest, timeout_s: float = 600.0, *, beside_another: bo
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired as exc:
-        raise TrialError(f"measurement of {req.workload} at batch {req.batch_size} timed out after {timeout_s:.0f} s") from exc
+        raise TrialError(f"measurement of {req.workload} at batch {req.batch_size} timed out after "
+                         f"{timeout_s:.0f} s") from exc
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise TrialError(f"measurement of {req.workload} at batch {req.batch_size} failed (exit {proc.returncode}): {tail[0]}")
+        raise TrialError(f"measurement of {req.workload} at batch {req.batch_size} failed "
+                         f"(exit {proc.returncode}): {tail[0]}")
     return MeasureResult.model_validate_json(proc.stdout.strip().splitlines()[-1])
 
 

@@ -1,14 +1,11 @@
 """Measured peak memory of (workload, device, configuration) points: what refines the estimator.
 
-A trial that measured a real peak records it here (`record_measured_peak`: a CUDA trial its own
-peak; a CPU trial one fresh-process run of DESIGN.md's protocol after itself, probes/protocol.py, as
-its forked rank's peak is not that quantity, see probes/runner.py `_record_peak`), and so does a CPU
-calibration, each of its fresh-process runs a point (`record_points`); `estimate_memory` reads the points of the same
-workload fingerprint, device and memory-changing knobs and refines its estimate with them: on CUDA
-a shift or an affine fit in the batch size, on this CPU more runs of its resident-set fit
-(advisor/estimate/refine.py says why they differ). The store is a small interface
-with a JSON-lines implementation under `data_dir/calibration`; the SQL store can implement the
-same two methods.
+A CUDA trial records its own peak (`record_measured_peak`); a CPU trial the fresh-process run of
+docs/design.md's protocol it makes after itself (probes/protocol.py), and a CPU calibration each of its
+fresh-process runs (`record_points`). `estimate_memory` reads the points of the same workload, device and
+memory knobs: on CUDA a shift or an affine fit in the batch size, on the CPU more runs of its
+resident-set fit (advisor/estimate/refine.py says why). The store is a small interface with a
+JSON-lines implementation under `data_dir/calibration`.
 """
 
 from __future__ import annotations
@@ -47,14 +44,16 @@ class PeakPoint(BaseModel):
     offload_optimizer: bool = False
     offload_params: bool = False
     compile_mode: str = Field(default="none", description="torch.compile mode, 'none' for eager.")
-    quantity: Quantity = Field(description="Which measured peak of DESIGN.md: cpu_rss, cuda_allocated, cuda_reserved.")
+    quantity: Quantity = Field(
+        description="Which measured peak of docs/design.md: cpu_rss, cuda_allocated, cuda_reserved.")
     batch_size: int = Field(gt=0, description="Micro-batch per device (samples).")
     peak_bytes: int = Field(ge=0, description="The measured peak (bytes).")
     predicted_bytes: int | None = Field(default=None, ge=0, description="The estimator's prediction at this point, "
                                         "when it was measured (bytes); kept for the record, not used by the fit.")
     mmap_threshold: int | None = Field(
-        default=None, gt=0, description="cpu_rss: the glibc mmap threshold the run fixed (bytes; a calibration run "
-        "standing in for a larger batch, advisor.estimate.calibrate.run_mmap_threshold); None: glibc's default.")
+        default=None, gt=0, description="cpu_rss: the glibc mmap threshold the run fixed (bytes; a calibration "
+        "run standing in for a larger batch, advisor.estimate.resident.threshold.run_mmap_threshold); None: glibc's "
+        "default.")
 
     @property
     def key(self) -> str:
@@ -178,7 +177,8 @@ def record_measured_peak(workload: Workload, hardware: HardwareSpec, request: Es
 
 
 def record_points(fingerprint: str, hardware: HardwareSpec, request: EstimateRequest, compile_mode: str, quantity: str,
-                  runs: list[tuple[int, int, int | None, int | None]], store: MeasuredPeaks | None = None) -> list[PeakPoint]:
+                  runs: list[tuple[int, int, int | None, int | None]],
+                  store: MeasuredPeaks | None = None) -> list[PeakPoint]:
     """Keep measured peaks of one configuration: (batch size, peak bytes, predicted bytes or None, the glibc
     mmap threshold the run fixed or None) each."""
     knobs = request_knobs(request, hardware.world_size, compile_mode, quantity)

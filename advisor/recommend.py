@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.errors import AdvisorError, SpecError
-from probes.config import TrainingConfig
+from advisor.trial import TrainingConfig
 
 if TYPE_CHECKING:
     from advisor.estimate import MemoryEstimate
@@ -37,8 +37,10 @@ class Recommendation(BaseModel):
     config: TrainingConfig
     fits: bool = Field(description="Whether the configuration is expected to fit in device memory.")
     samples_per_s: float | None = Field(default=None, description="Expected samples per second, all ranks (samples/s).")
-    tokens_per_s: float | None = Field(default=None, description="samples_per_s x tokens_per_sample, where the workload says (tokens/s).")
-    peak_memory_bytes: int | None = Field(default=None, description="Expected peak per device, as DESIGN.md measures it (bytes).")
+    tokens_per_s: float | None = Field(
+        default=None, description="samples_per_s x tokens_per_sample, where the workload says (tokens/s).")
+    peak_memory_bytes: int | None = Field(
+        default=None, description="Expected peak per device, as docs/design.md measures it (bytes).")
     epoch_samples: int = Field(gt=0, description="Samples in the epoch the times are given for (samples).")
     epoch_basis: Literal["dataset", "per_1e6_samples"] = Field(
         description="'dataset': one pass over the workload's dataset; 'per_1e6_samples': no dataset, 1e6 samples.")
@@ -271,15 +273,16 @@ def _batch_cap(t: _Target, config: TrainingConfig) -> int | None:
 
 def _estimate(wl: "Workload", hw: "HardwareSpec", c: TrainingConfig) -> "MemoryEstimate":
     """The estimate for `c` on the devices it uses: CPU ranks share the host's memory, so each gets its share."""
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     update: dict[str, Any] = {"devices_per_node": c.nproc, "nodes": 1}
     if hw.device_type == "cpu" and c.nproc > 1:
         update["host_memory_bytes"] = hw.memory_per_device_bytes // c.nproc
     target = hw.model_copy(update=update)
-    return estimate_memory(wl, target, c.batch_size, precision=c.precision, optimizer=c.optimizer, strategy=c.strategy,
-                           checkpointing=c.checkpointing, fused_backward=c.fused_backward,
-                           optimizer_impl=c.optimizer_impl, calibrate=False, compile_mode=c.compile_mode.value)
+    request = EstimateRequest.of(c.batch_size, precision=c.precision, optimizer=c.optimizer, strategy=c.strategy,
+                                 checkpointing=c.checkpointing, fused_backward=c.fused_backward,
+                                 optimizer_impl=c.optimizer_impl)
+    return estimate_memory(wl, target, request, EstimateOptions(calibrate=False, compile_mode=c.compile_mode.value))
 
 
 def _settle(wl: "Workload", hw: "HardwareSpec", config: TrainingConfig,

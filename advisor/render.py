@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from advisor.bench_result import BenchResult
     from advisor.estimate.model import MemoryEstimate
     from advisor.hardware.spec import HardwareSpec
-    from probes.bench_models import BenchResult
 
 
 def human_bytes(n: float) -> str:
@@ -40,7 +40,8 @@ def estimate_table(est: "MemoryEstimate") -> None:
     table.add_row("live tensors peak", human_bytes(est.allocated_bytes), "")
     if est.runtime_bytes:
         table.add_row("CUDA context (outside allocator)", human_bytes(est.runtime_bytes), "")
-    table.add_row("device memory (usable)", f"{human_bytes(est.device_memory_bytes)} ({human_bytes(est.usable_bytes)})", "")
+    table.add_row("device memory (usable)",
+                  f"{human_bytes(est.device_memory_bytes)} ({human_bytes(est.usable_bytes)})", "")
     fit = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
     table.add_row("verdict", fit, "")
     console = Console()
@@ -52,8 +53,8 @@ def estimate_table(est: "MemoryEstimate") -> None:
     by = ", ".join(f"{k} {batch(v)}" for k, v in est.max_batch_by_strategy.items())
     console.print(f"largest batch that fits: {batch(est.max_batch_size)}  (by strategy: {by})")
     if est.predicted_samples_per_s:
-        console.print(f"roofline: {est.predicted_step_s * 1e3:.1f} ms/step, {est.predicted_samples_per_s:,.0f} samples/s "
-                      f"({est.flops_per_step / 1e12:.2f} TFLOP per step)")
+        console.print(f"roofline: {est.predicted_step_s * 1e3:.1f} ms/step, "
+                      f"{est.predicted_samples_per_s:,.0f} samples/s ({est.flops_per_step / 1e12:.2f} TFLOP per step)")
     console.print(f"{est.num_params:,} parameters; method: {est.method}; {est.seconds:.1f} s")
     for note in est.notes:
         console.print(f"note: {note}")
@@ -69,7 +70,8 @@ def hardware_table(catalog: dict) -> None:
         table.add_column(col, justify="right" if col not in ("name", "interconnect") else "left", no_wrap=col == "name")
     for name, acc in sorted(catalog.items()):
         pk = acc.peak_tflops
-        table.add_row(name, human_bytes(acc.memory_bytes), *(f"{pk[k]:g}" if k in pk else "-" for k in ("fp32", "tf32", "bf16", "fp16")),
+        peaks = (f"{pk[k]:g}" if k in pk else "-" for k in ("fp32", "tf32", "bf16", "fp16"))
+        table.add_row(name, human_bytes(acc.memory_bytes), *peaks,
                       f"{acc.memory_bandwidth_gbps:g}", f"{acc.interconnect} {acc.interconnect_gbps:g} GB/s")
     console = Console()
     if not console.is_terminal:
@@ -90,9 +92,10 @@ def cpu_peak_lines(hw: "HardwareSpec") -> list[str]:
         lines.append("derived peak: unknown; the catalog's nominal "
                      + ", ".join(f"{k} {v:g}" for k, v in acc.peak_tflops.items()) + " TFLOP/s stand in")
     else:
-        lines.append(f"derived peak: {cpu.cores} cores ({cpu.cores_from}) x {cpu.clock_ghz:g} GHz ({cpu.clock_source}) x "
-                     f"{cpu.fp32_flop_per_cycle} fp32 / {cpu.bf16_flop_per_cycle} bf16 FLOP/cycle ({cpu.per_cycle_from}) "
-                     "= " + ", ".join(f"{k} {v:.3g}" for k, v in peaks.items()) + " TFLOP/s")
+        lines.append(f"derived peak: {cpu.cores} cores ({cpu.cores_from}) x {cpu.clock_ghz:g} GHz "
+                     f"({cpu.clock_source}) x {cpu.fp32_flop_per_cycle} fp32 / {cpu.bf16_flop_per_cycle} bf16 "
+                     f"FLOP/cycle ({cpu.per_cycle_from}) = "
+                     + ", ".join(f"{k} {v:.3g}" for k, v in peaks.items()) + " TFLOP/s")
     lines.append(f"memory bandwidth: {acc.memory_bandwidth_gbps:g} GB/s, the catalog's nominal figure (not derived)")
     return lines + ([f"note: {hw.note}"] if hw.note else [])
 
@@ -141,12 +144,14 @@ def trial_table(result) -> None:
         table.add_row(f"peak memory ({'cuda reserved' if result.config.device == 'cuda' else 'cpu rss'})",
                       human_bytes(result.peak_memory_bytes or 0))
         if result.predicted_memory_bytes:
-            err = (result.predicted_memory_bytes - (result.peak_memory_bytes or 0)) / max(result.peak_memory_bytes or 1, 1)
+            peak = result.peak_memory_bytes or 0
+            err = (result.predicted_memory_bytes - peak) / max(peak, 1)
             table.add_row("estimated", f"{human_bytes(result.predicted_memory_bytes)} ({err:+.1%})")
         if result.protocol_peak_bytes:  # the fresh-process peak the CPU estimate predicts (probes/protocol.py)
             line = human_bytes(result.protocol_peak_bytes)
             if result.predicted_memory_bytes:
-                line += f" (estimate {(result.predicted_memory_bytes - result.protocol_peak_bytes) / result.protocol_peak_bytes:+.1%})"
+                fresh = result.protocol_peak_bytes
+                line += f" (estimate {(result.predicted_memory_bytes - fresh) / fresh:+.1%})"
             table.add_row("peak, fresh process", line)
         if result.mfu is not None:
             table.add_row("MFU", f"{result.mfu:.2%}")

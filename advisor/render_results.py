@@ -59,7 +59,8 @@ def trial_detail(t: "TrialRecord") -> None:
     table = Table(title=f"trial {t.id} of study {t.study_name}", show_header=False)
     table.add_column("field")
     table.add_column("value")
-    rows = [("workload", f"{t.workload_name} ({t.workload_fp[:12]})"), ("hardware", f"{t.hardware_name} ({t.hardware_fp[:12]})"),
+    rows = [("workload", f"{t.workload_name} ({t.workload_fp[:12]})"),
+            ("hardware", f"{t.hardware_name} ({t.hardware_fp[:12]})"),
             ("status", f"{t.status.value} (attempt {t.attempt})"), ("samples/s", _num(t.samples_per_s)),
             ("tokens/s", _num(t.tokens_per_s, "{:,.0f}")), ("step p50 / p90 (ms)",
              f"{_num(t.step_p50_s and t.step_p50_s * 1e3)} / {_num(t.step_p90_s and t.step_p90_s * 1e3)}"),

@@ -20,15 +20,22 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ADVISOR_", extra="ignore", frozen=True)
 
-    data_dir: Path = Field(default_factory=_default_data_dir, description="Where the SQLite store, caches and Ray's temp dir live.")
+    data_dir: Path = Field(default_factory=_default_data_dir,
+                           description="Where the SQLite store, caches and Ray's temp dir live.")
     log_level: str = Field(default="WARNING", description="Python logging level name.")
-    memory_margin: float = Field(default=0.05, ge=0.0, lt=1.0, description="Fraction of device memory kept free when deciding what fits.")
-    calibrate: bool = Field(default=True, description="Allow a short real calibration run when the target is the local CPU, and "
-                                      "sizing cuDNN's convolution workspaces on the local GPU when it is the target.")
+    memory_margin: float = Field(default=0.05, ge=0.0, lt=1.0,
+                                 description="Fraction of device memory kept free when deciding what fits.")
+    calibrate: bool = Field(default=True,
+                            description="Allow a short real calibration run when the target is the local CPU, and "
+                            "sizing cuDNN's convolution workspaces on the local GPU when it is the target.")
     database_url: str = Field(default_factory=lambda data: f"sqlite:///{data['data_dir'] / 'advisor.db'}",
-                              description="SQLAlchemy URL of the result store (postgresql:// is accepted and means psycopg 3).")
-    sqlite_busy_timeout_s: float = Field(default=10.0, gt=0, description="How long SQLite waits for another process's lock (s).")
-    trace_param_limit: int = Field(default=3_000_000_000, gt=0, description="Models with more parameters than this use the analytic path (parameters).")
+                              description="SQLAlchemy URL of the result store (postgresql:// is accepted and means "
+                              "psycopg 3).")
+    sqlite_busy_timeout_s: float = Field(default=10.0, gt=0,
+                                         description="How long SQLite waits for another process's lock (s).")
+    trace_param_limit: int = Field(
+        default=3_000_000_000, gt=0,
+        description="Models with more parameters than this use the analytic path (parameters).")
     # -- the service (`advisor serve`) ------------------------------------------------------------
     api_host: str = Field(default="127.0.0.1", description="Address `advisor serve` binds (loopback unless set).")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Port `advisor serve` listens on.")

@@ -166,7 +166,8 @@ def prepare(model: nn.Module, loss_fn, *, precision: Precision, optimizer: Optim
         apply_activation_checkpointing(model)
     if wrap is not None:
         model = wrap(model)
-    ctx = StepContext(model=model, loss_fn=loss_fn, precision=precision, device_type=device_type, fused_backward=fused_backward)
+    ctx = StepContext(model=model, loss_fn=loss_fn, precision=precision, device_type=device_type,
+                      fused_backward=fused_backward)
     if fused_backward:
         ctx.optimizers = _attach_fused_backward(model, optimizer, optimizer_impl)
     elif make_opt is not None:

@@ -1,5 +1,5 @@
 """Carry a configuration measured on one target over to another: the device, a precision the target
-supports, knobs that cannot apply there dropped (as `probes.config.inapplicable` decides), and the
+supports, knobs that cannot apply there dropped (as `advisor.trial.inapplicable` decides), and the
 batch rescaled to the target's memory. Pure functions; the estimates come from the caller."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from advisor.config import Precision, Strategy
 from advisor.errors import SpecError
-from probes.config import CompileMode, Pinning, TrainingConfig, inapplicable
+from advisor.trial import CompileMode, Pinning, TrainingConfig, inapplicable
 
 if TYPE_CHECKING:
     from advisor.hardware.spec import HardwareSpec

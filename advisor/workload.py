@@ -1,4 +1,4 @@
-"""The Workload contract (DESIGN.md) and loading one from a preset name or `file.py:build`."""
+"""The Workload contract (docs/design.md) and loading one from a preset name or `file.py:build`."""
 
 from __future__ import annotations
 
@@ -49,8 +49,10 @@ class Workload(BaseModel):
     dataset: Callable[[], Any] | None = None
     collate_fn: Callable | None = None
     tokens_per_sample: int | None = Field(default=None, gt=0)
-    default_batch_size: int = Field(default=8, gt=0, description="The batch a user of this workload would start with (samples).")
-    decoder: DecoderArch | None = Field(default=None, description="Set by decoder presets: enables the analytic estimator.")
+    default_batch_size: int = Field(default=8, gt=0,
+                                    description="The batch a user of this workload would start with (samples).")
+    decoder: DecoderArch | None = Field(default=None,
+                                        description="Set by decoder presets: enables the analytic estimator.")
     embedding_heavy: bool = Field(default=False, description="Embedding tables dominate the parameters (recommenders).")
     conv_net: bool = Field(default=False, description="A convolutional net (channels_last applies).")
 
@@ -72,7 +74,8 @@ class Workload(BaseModel):
                 self.loss_fn(model, (batch or self.make_batch)(2))
         except Exception as exc:  # noqa: BLE001 - the user's forward: any error is theirs, said in one line
             raise WorkloadError(f"workload {self.name}: its lazy modules' parameters could not be made by a forward "
-                                f"pass on a batch of 2: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+                                f"pass on a batch of 2: {type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
         return model
 
 

@@ -1,17 +1,11 @@
 """Tune jobs outside the request: `JobWorker` claims queued jobs from the database and runs each in
 a process of its own (`python -m api.jobs JOB_ID`), which calls `run_tune` like `advisor tune`.
 
-- Concurrency follows the devices: one slot per GPU this machine shows (the job's
-  CUDA_VISIBLE_DEVICES are its slots), or one for the CPU (a CPU trial takes the whole machine);
-  ADVISOR_MAX_JOBS caps it lower.
-- Cancel (`DELETE /v1/jobs/{id}`): the worker stops the job's process group (SIGTERM, then
-  SIGKILL), marks the trials it left running interrupted, and ends the job `cancelled`; the study
-  and its finished trials stay.
-- Restarts: a job process dies with its worker (PR_SET_PDEATHSIG). Jobs a dead worker left
-  running go back to the queue (JobQueue.recover) and resume their study when claimed again: the
-  same request names the same study, whose interrupted trials are retried once. A job that crashed
-  on a transient database error (a lock held past the busy timeout, a dropped connection) goes back
-  to the queue the same way, up to TRANSIENT_ATTEMPTS attempts in all.
+Slots: one per GPU this machine shows, or one for the CPU (a CPU trial takes the whole machine);
+ADVISOR_MAX_JOBS caps them. Cancel stops the job's process group (SIGTERM, then SIGKILL), marks its
+running trials interrupted and ends the job `cancelled`. A job process dies with its worker
+(PR_SET_PDEATHSIG); jobs a dead worker left running, or that crashed on a transient database error
+(up to TRANSIENT_ATTEMPTS), go back to the queue and resume their study when claimed again.
 """
 
 from __future__ import annotations
@@ -43,9 +37,9 @@ TRANSIENT_ATTEMPTS = 3
 
 def tune_request(body: dict, *, db: str | None, ray_address: str | None) -> "TuneRequest":
     """The TuneRequest a job runs: the API's TuneJobRequest fields, the service's store and Ray."""
-    from api.schemas import TuneJobRequest
+    from advisor.trial import TrialBudget
     from advisor.tune.request import TuneRequest
-    from probes.config import TrialBudget
+    from api.schemas import TuneJobRequest
 
     r = TuneJobRequest.model_validate(body)
     budget = TrialBudget(warmup_steps=2, min_steps=5, min_time_s=r.min_time_s, timeout_s=r.trial_timeout_s,
@@ -177,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from advisor.log import setup_logging
 
-    p = argparse.ArgumentParser(prog="python -m api.jobs", description="Run one claimed tune job (the worker starts this).")
+    p = argparse.ArgumentParser(prog="python -m api.jobs",
+                                description="Run one claimed tune job (the worker starts this).")
     p.add_argument("job_id")
     p.add_argument("--db", required=True)
     args = p.parse_args(argv)

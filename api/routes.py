@@ -11,12 +11,35 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, PlainTextResponse
 from pydantic import ValidationError
 
-from api.app import STATIC, AppState
-from api.schemas import (MAX_PAGE, BestSoFar, EstimateRequest, ErrorBody, HardwareItem, Job, JobAccepted, Page,
-                         Progress, RecommendRequest, RecommendResponse, Study, Trial, TuneJobRequest, WorkloadItem)
-from api.security import check_workload, require_token
 from advisor.estimate import MemoryEstimate
-from advisor.store.records import JOB_STATUSES, SORTABLE, TRIAL_STATUSES, JobRecord, StudyRecord, TrialQuery, TrialRecord
+from advisor.store.records import (
+    JOB_STATUSES,
+    SORTABLE,
+    TRIAL_STATUSES,
+    JobRecord,
+    StudyRecord,
+    TrialQuery,
+    TrialRecord,
+)
+from api.app import STATIC, AppState
+from api.schemas import (
+    MAX_PAGE,
+    BestSoFar,
+    ErrorBody,
+    EstimateRequest,
+    HardwareItem,
+    Job,
+    JobAccepted,
+    Page,
+    Progress,
+    RecommendRequest,
+    RecommendResponse,
+    Study,
+    Trial,
+    TuneJobRequest,
+    WorkloadItem,
+)
+from api.security import check_workload, require_token
 
 router = APIRouter()
 v1 = APIRouter(prefix="/v1")
@@ -78,9 +101,11 @@ def workloads(request: Request) -> list[WorkloadItem]:
     out = []
     for name, preset in PRESETS.items():
         sig = inspect.signature(preset)
-        params = {p.name: (None if p.default is inspect.Parameter.empty else p.default) for p in sig.parameters.values()}
+        params = {p.name: (None if p.default is inspect.Parameter.empty else p.default)
+                  for p in sig.parameters.values()}
         doc = inspect.getdoc(preset.target()) if hasattr(preset, "target") else None
-        out.append(WorkloadItem(name=name, parameters=_jsonable(params), description=(doc or "").split("\n")[0] or None))
+        out.append(WorkloadItem(name=name, parameters=_jsonable(params),
+                                description=(doc or "").split("\n")[0] or None))
     return out
 
 
@@ -94,16 +119,17 @@ def estimate(body: EstimateRequest, request: Request) -> MemoryEstimate:
     """Per-device memory (parameters, gradients, optimizer state, activations, temporaries, overhead),
     whether it fits, and the largest batch that does, without touching a device. No calibration run
     is made for a request (the CLI's `advisor estimate` may make one on the local CPU)."""
-    from advisor.estimate import estimate_memory
+    import advisor.estimate as estimator
 
     state = _state(request)
     check_workload(body.workload, state.settings)
+    knobs = estimator.EstimateRequest.of(body.batch_size, precision=body.precision, optimizer=body.optimizer,
+                                         strategy=body.strategy, checkpointing=body.checkpointing,
+                                         fused_backward=body.fused_backward, offload_optimizer=body.offload_optimizer,
+                                         offload_params=body.offload_params, optimizer_impl=body.optimizer_impl)
+    options = estimator.EstimateOptions(calibrate=False, margin=body.margin)
     with state.heavy:
-        return estimate_memory(body.workload, body.hardware, body.batch_size, precision=body.precision,
-                               optimizer=body.optimizer, strategy=body.strategy, checkpointing=body.checkpointing,
-                               fused_backward=body.fused_backward, offload_optimizer=body.offload_optimizer,
-                               offload_params=body.offload_params, optimizer_impl=body.optimizer_impl,
-                               workload_args=body.workload_args, calibrate=False, margin=body.margin)
+        return estimator.estimate_memory(body.workload, body.hardware, knobs, options, workload_args=body.workload_args)
 
 
 @v1.post("/recommend", tags=["advice"], response_model=RecommendResponse, responses=WORKLOAD_ERRORS)
@@ -151,11 +177,15 @@ def _status_filter(values: list[str] | None, allowed: tuple[str, ...]) -> tuple[
 
 @v1.get("/results", tags=["results"], responses=ERRORS)
 def results(request: Request, limit: PAGE_LIMIT = 50, offset: PAGE_OFFSET = 0,
-            workload: Annotated[str | None, Query(max_length=200, description="Name or fingerprint (prefix of 8+).")] = None,
-            hardware: Annotated[str | None, Query(max_length=200, description="Name or fingerprint (prefix of 8+).")] = None,
+            workload: Annotated[str | None, Query(max_length=200,
+                                                  description="Name or fingerprint (prefix of 8+).")] = None,
+            hardware: Annotated[str | None, Query(max_length=200,
+                                                  description="Name or fingerprint (prefix of 8+).")] = None,
             study: Annotated[str | None, Query(max_length=200, description="Study name or id.")] = None,
-            status_: Annotated[list[str] | None, Query(alias="status", description="Repeatable: ok, oom, pruned, ...")] = None,
-            sort: Annotated[str, Query(max_length=40, description=f"One of {', '.join(SORTABLE)}; '-' for descending.")] = "-id",
+            status_: Annotated[list[str] | None, Query(alias="status",
+                                                       description="Repeatable: ok, oom, pruned, ...")] = None,
+            sort: Annotated[str, Query(max_length=40,
+                                       description=f"One of {', '.join(SORTABLE)}; '-' for descending.")] = "-id",
             ) -> Page[Trial]:
     """Stored trials across studies, filtered and paged (newest first by default)."""
     try:
@@ -190,7 +220,8 @@ def studies(request: Request, limit: PAGE_LIMIT = 50, offset: PAGE_OFFSET = 0) -
     store = _state(request).store()
     recs, total = store.list_studies(limit=limit, offset=offset)
     counts = store.trial_counts([r.id for r in recs])
-    return Page[Study](items=[_study_out(store, r, counts[r.id]) for r in recs], total=total, limit=limit, offset=offset)
+    return Page[Study](items=[_study_out(store, r, counts[r.id]) for r in recs], total=total, limit=limit,
+                       offset=offset)
 
 
 def _study_or_404(store, study_id: int) -> StudyRecord:
@@ -275,7 +306,8 @@ def _job_or_404(state: AppState, job_id: str) -> JobRecord:
 
 @v1.get("/jobs", tags=["jobs"], responses=ERRORS)
 def jobs(request: Request, limit: PAGE_LIMIT = 50, offset: PAGE_OFFSET = 0,
-         status_: Annotated[list[str] | None, Query(alias="status", description="Repeatable: queued, running, ...")] = None,
+         status_: Annotated[list[str] | None, Query(alias="status",
+                                                    description="Repeatable: queued, running, ...")] = None,
          ) -> Page[Job]:
     """Tune jobs, newest first."""
     state = _state(request)

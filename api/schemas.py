@@ -45,7 +45,8 @@ class WorkloadRef(_In):
     workload: str = Field(min_length=1, max_length=200, description="A built-in preset (GET /v1/workloads), or "
                           "`pkg.module:build` inside the server's ADVISOR_WORKLOAD_MODULES.",
                           examples=["tiny-gpt2"])
-    workload_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the workload's build.",
+    workload_args: dict[str, Any] = Field(default_factory=dict,
+                                          description="Keyword arguments for the workload's build.",
                                           examples=[{"seq_len": 128}])
 
     _args = field_validator("workload_args")(_check_args)
@@ -54,7 +55,8 @@ class WorkloadRef(_In):
 class EstimateRequest(WorkloadRef):
     hardware: str = Field(min_length=1, max_length=100, description="Catalog name[:devices[xnodes]] or 'cpu'.",
                           examples=["h100-sxm"])
-    batch_size: int | None = Field(default=None, gt=0, le=1_000_000, description="Micro-batch per device; default the workload's.")
+    batch_size: int | None = Field(default=None, gt=0, le=1_000_000,
+                                   description="Micro-batch per device; default the workload's.")
     precision: Precision = Precision.fp32
     optimizer: OptimizerKind = OptimizerKind.adamw
     strategy: Strategy = Strategy.single
@@ -99,11 +101,13 @@ class TuneJobRequest(WorkloadRef):
                           "catalog spec of the worker's devices.", examples=["cpu"])
     space: str = Field(default="quick", max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
                        description="A search-space preset name (files are not accepted over the API).")
-    fixes: dict[str, Any] = Field(default_factory=dict, description="Knobs held at one value.", examples=[{"precision": "bf16"}])
+    fixes: dict[str, Any] = Field(default_factory=dict, description="Knobs held at one value.",
+                                  examples=[{"precision": "bf16"}])
     objective: Literal["throughput", "throughput,memory"] = "throughput"
     global_batch_size: int | None = Field(default=None, gt=0)
     sampler: Sampler | None = None
-    trials: int = Field(default=20, gt=0, le=1000, description="Distinct configurations in the study, baseline included.")
+    trials: int = Field(default=20, gt=0, le=1000,
+                        description="Distinct configurations in the study, baseline included.")
     time_budget_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     patience: int | None = Field(default=None, gt=0)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)

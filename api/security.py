@@ -24,7 +24,8 @@ def require_token(request: Request) -> None:
     """FastAPI dependency: the request carries the configured bearer token."""
     settings: Settings = request.app.state.settings
     if settings.api_token is None or not settings.api_token.get_secret_value():
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "this server accepts no changes: it has no ADVISOR_API_TOKEN set")
+        raise HTTPException(status.HTTP_403_FORBIDDEN,
+                            "this server accepts no changes: it has no ADVISOR_API_TOKEN set")
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not given:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "send Authorization: Bearer <token> (the server's "

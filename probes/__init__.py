@@ -1,4 +1,4 @@
-"""Measured trials and hardware benchmarks: `run_trial` measures one TrainingConfig for real.
+"""Measured trials and hardware benchmarks: `run_trial` measures one TrainingConfig (advisor.trial) for real.
 
 The local hardware probe (NVML, sysfs) lives in advisor.hardware.probe.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TrainingConfig", "TrialBudget", "TrialResult", "TrialStatus", "run_trial"]
+__all__ = ["run_trial"]
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import probes` must not import torch
@@ -15,12 +15,4 @@ def __getattr__(name: str) -> Any:  # lazy: `import probes` must not import torc
         from probes.runner import run_trial
 
         return run_trial
-    if name in ("TrainingConfig", "TrialBudget"):
-        import probes.config as config
-
-        return getattr(config, name)
-    if name in ("TrialResult", "TrialStatus"):
-        import probes.result as result
-
-        return getattr(result, name)
     raise AttributeError(name)

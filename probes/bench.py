@@ -7,8 +7,8 @@ import os
 import time
 from typing import Any
 
+from advisor.bench_result import BenchResult, CopyBench, LoaderCurve, LoaderPoint, MatmulBench
 from advisor.errors import SpecError
-from probes.bench_models import BenchResult, CopyBench, LoaderCurve, LoaderPoint, MatmulBench
 
 __all__ = ["BenchResult", "DEFAULT_SECONDS", "DEFAULT_WORKLOAD", "bench_loader", "run_bench", "worker_counts"]
 

@@ -12,7 +12,7 @@ import contextlib
 import time
 from typing import Any, Callable, Iterator
 
-from probes.bench_models import CopyBench, MatmulBench
+from advisor.bench_result import CopyBench, MatmulBench
 
 MIN_RUNS, MAX_RUNS = 2, 20
 COPY_BYTES = {"cpu": 256 << 20, "cuda": 1 << 30}  # >= 256 MiB: far beyond any cache
@@ -45,7 +45,8 @@ def timer(device: str) -> Callable[[Callable[[], Any]], float]:
     return cuda_time
 
 
-def _best_of(time_one: Callable[[Callable[[], Any]], float], fn: Callable[[], Any], budget_s: float) -> tuple[float, int]:
+def _best_of(time_one: Callable[[Callable[[], Any]], float], fn: Callable[[], Any],
+             budget_s: float) -> tuple[float, int]:
     """Warm up once, then time `fn` until `budget_s` is spent (MIN_RUNS..MAX_RUNS runs): (fastest s, runs)."""
     time_one(fn)
     times: list[float] = []

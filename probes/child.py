@@ -17,8 +17,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.procmem import current_rss, mark_peak, peak_rss
-from probes.config import CompileMode, Pinning, TrainingConfig, TrialBudget
-from probes.result import Environment, PeakMemory, TrialStatus
+from advisor.trial import CompileMode, Environment, PeakMemory, Pinning, TrainingConfig, TrialBudget, TrialStatus
 
 TRACEBACK_LINES = 12  # lines of a traceback kept in a report
 
@@ -55,7 +54,8 @@ class ChildReport(BaseModel):
     digest: str | None = None
     notes: list[str] = Field(default_factory=list)
     compiled_graphs: int | None = Field(default=None, description="Graphs dynamo captured and inductor compiled.")
-    marks: dict[str, float] = Field(default_factory=dict, description="time.time() at each stage, for the overhead breakdown.")
+    marks: dict[str, float] = Field(default_factory=dict,
+                                    description="time.time() at each stage, for the overhead breakdown.")
 
 
 def _report_path(result_dir: str, rank: int) -> str:
@@ -222,7 +222,8 @@ def _timed(stepper: _Stepper, budget: TrialBudget) -> tuple[list[float], list[fl
     steps: list[float] = []
     waits: list[float] = []
     start = time.perf_counter()
-    while len(steps) < budget.max_steps and (len(steps) < budget.min_steps or time.perf_counter() - start < budget.min_time_s):
+    while len(steps) < budget.max_steps and (len(steps) < budget.min_steps
+                                             or time.perf_counter() - start < budget.min_time_s):
         wall, wait = stepper.step()
         steps.append(wall)
         waits.append(wait)
@@ -252,7 +253,7 @@ def run(req: ChildRequest) -> ChildReport:
         torch.cuda.set_device(local_rank)
         torch.cuda.reset_peak_memory_stats()
     mark_peak()  # a forked child starts from its fork server's peak (advisor/procmem.py)
-    base_rss = current_rss()  # DESIGN.md: the resident set just before build_model()
+    base_rss = current_rss()  # docs/design.md: the resident set just before build_model()
     ctx = _make_context(workload, c, device, info)
     marks["built"] = time.time()
     init_fn = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from probes.result import Environment
+from advisor.trial import Environment
 
 
 def _cuda_driver() -> str | None:

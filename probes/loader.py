@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from advisor.errors import TrialError
+from advisor.trial import TrainingConfig
 from advisor.workload import Workload
-from probes.config import TrainingConfig
 
 
 class _MadeBatches(IterableDataset):
@@ -48,7 +48,8 @@ def build_loader(workload: Workload, config: TrainingConfig, *, rank: int = 0, w
     if world_size > 1:
         from torch.utils.data.distributed import DistributedSampler
 
-        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
+                                     drop_last=True)
         return DataLoader(dataset, batch_size=config.batch_size, sampler=sampler, drop_last=True,
                           collate_fn=workload.collate_fn, generator=generator, **kw)
     return DataLoader(dataset, batch_size=config.batch_size, shuffle=True, drop_last=True,

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.errors import TrialError
+from advisor.trial import GLOO_EXIT_PAUSE_S
 
 if TYPE_CHECKING:  # torch loads where used (STYLE.md 10)
     import torch
@@ -85,7 +86,8 @@ def init_distributed(device_type: str, timeout_s: float = 60) -> DistInfo:
     kwargs = {}
     if device_type == "cuda":
         if info.local_rank >= torch.cuda.device_count():
-            raise TrialError(f"distributed trial: LOCAL_RANK={info.local_rank} but {torch.cuda.device_count()} CUDA devices")
+            raise TrialError(f"distributed trial: LOCAL_RANK={info.local_rank} but {torch.cuda.device_count()} "
+                             "CUDA devices")
         torch.cuda.set_device(info.local_rank)
         kwargs["device_id"] = torch.device("cuda", info.local_rank)  # binds NCCL to this device eagerly
     where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
@@ -97,16 +99,6 @@ def init_distributed(device_type: str, timeout_s: float = 60) -> DistInfo:
         raise TrialError(f"distributed trial: rank {info.rank}/{info.world_size} could not join {backend} "
                          f"group at {where}: {first}") from exc
     return info.model_copy(update={"backend": backend})
-
-
-# How long a process that leaves a gloo group hands the GIL to gloo's worker threads (s). A worker
-# frees each finished collective itself, and one launched in backward holds a Python object (the
-# context torch stashes for backward), so the free takes the GIL. A worker still waiting for it when
-# the interpreter shuts down is ended mid-free: std::terminate, SIGABRT at exit (torch 2.13;
-# destroy_process_group does not join gloo's workers, and DDP keeps the group alive). A 2-rank
-# tiny-mlp script, three runs at once on 2 cores (session 16): 2 of 45 aborted, 0 of 120 with this
-# pause. A process that leaves through os._exit does not need it.
-GLOO_EXIT_PAUSE_S = 0.2
 
 
 def shutdown_distributed() -> None:
@@ -146,11 +138,13 @@ def check_strategy(strategy: Strategy, world_size: int, device_type: str, *, fus
         if not dist.is_nccl_available():
             return "this torch build has no NCCL backend"
         if world_size > torch.cuda.device_count():
-            return f"{world_size} processes need {world_size} CUDA devices; this machine has {torch.cuda.device_count()}"
+            return (f"{world_size} processes need {world_size} CUDA devices; this machine has "
+                    f"{torch.cuda.device_count()}")
     if fused_backward:
         # The step in the post-accumulate-grad hook would run on this rank's own gradient,
         # before DDP's all-reduce / FSDP's reduce-scatter: ranks would silently diverge.
-        return f"an optimizer step fused into backward cannot run under {strategy.value}: it steps before gradients are reduced"
+        return (f"an optimizer step fused into backward cannot run under {strategy.value}: it steps before "
+                "gradients are reduced")
     return _check_fsdp_optimizer(strategy, optimizer_kind, impl)
 
 
@@ -159,7 +153,8 @@ def _check_fsdp_optimizer(strategy: Strategy, optimizer_kind: OptimizerKind | No
     fused Adam/AdamW, but none for fused SGD (aten._fused_sgd_ raises NotImplementedError)."""
     sgd = (OptimizerKind.sgd, OptimizerKind.sgd_momentum)
     if strategy in (Strategy.zero2, Strategy.zero3) and impl == "fused" and optimizer_kind in sgd:
-        return f"fused {optimizer_kind.value} has no DTensor support in torch 2.13, so it cannot step {strategy.value} (FSDP2) shards"
+        return (f"fused {optimizer_kind.value} has no DTensor support in torch 2.13, so it cannot step "
+                f"{strategy.value} (FSDP2) shards")
     return None
 
 
@@ -236,7 +231,7 @@ def make_trial_optimizer(model: nn.Module, strategy: Strategy, optimizer_kind: O
     rank keeps state (and steps) only for its partition and then broadcasts its parameters.
     zero2 / zero3: the ordinary optimizer over FSDP2's DTensor shards, which steps each
     rank's shard locally. `impl` is used as asked, never swapped for another (a knob that
-    cannot apply is refused, DESIGN.md). Checked on CPU/gloo with torch 2.13 (not yet on CUDA):
+    cannot apply is refused, docs/design.md). On CPU/gloo with torch 2.13 (unchecked on CUDA):
     on DTensor shards torch's default, for-loop, foreach and fused Adam/AdamW all step; fused
     SGD has no DTensor rule, so it raises TrialError (`check_strategy` says so up front).
     Adagrad has no fused kernel, so `make_optimizer` runs it with torch's default.

@@ -1,24 +1,11 @@
-"""A CPU trial's memory as the estimator predicts it: one run of DESIGN.md's peak protocol in a fresh
-process after the trial, kept as a measured peak (advisor/peaks.py). It refines later estimates of
-the same workload, host and memory knobs: the tuner's pruning, the next trial's prediction, and the
-largest batch `advisor estimate` answers.
+"""A CPU trial's memory as the estimator predicts it: one run of docs/design.md's peak protocol in a fresh
+process after the trial, kept as a measured peak (advisor/peaks.py) that refines later estimates of the
+same workload, host and memory knobs (the tuner's pruning, the next trial's prediction, the largest batch).
 
-The trial's own peak cannot serve (probes/runner.py `_record_peak` has the figures). Its ranks are
-forked from a server that has imported torch's compiler stack, and its loop holds a DataLoader's
-batches. So it differs from a fresh process's protocol peak by 39-130 MB, by workload and batch.
-The run here is the protocol itself (advisor.measure, mode rss): steps with the trial's precision,
-optimizer and implementation, checkpointing and fused step, at its batch, with its intra-op threads,
-on the workload's make_batch. It starts after the trial's processes are gone, so it takes no core
-from the measurement; its seconds count in the trial's wall time and overhead. It is not held to the
-trial's memory cap: it runs what just fit under it, and holds at most ~130 MB more than the rank here.
-
-Only what the protocol reproduces is kept: the CPU, one process, eager (a compiled step holds other
-buffers). Under 'auto' a run is made only where it can matter and has not been made yet: the trial's
-peak is at least AUTO_SHARE of the memory it may use (its memory cap, else the host's), and the store
-holds no fresh-process peak of this configuration within a factor NEAR of its batch (a calibration's
-runs count: they are the same protocol). The peak there is the larger of the rank's and the trial's
-prediction: a forked rank's growth moves with the fork server's heap (tiny-gpt2 b64: 78 MB after
-the server had run another trial, 130 MB from a fresh server), the prediction does not.
+The trial's own peak cannot serve (probes/runner.py `_record_peak`). The run here is the protocol itself
+(advisor.measure, mode rss) at the trial's batch and memory knobs, on the workload's make_batch. It starts
+after the trial's processes are gone, so it takes no core from the measurement; its seconds count in the
+trial's wall time and overhead. Only what the protocol reproduces is kept: the CPU, one process, eager.
 """
 
 from __future__ import annotations
@@ -29,8 +16,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.hardware.spec import HardwareSpec
-from probes.config import CompileMode, TrainingConfig, TrialBudget
-from probes.result import TrialResult
+from advisor.trial import CompileMode, TrainingConfig, TrialBudget, TrialResult
 
 log = logging.getLogger(__name__)
 # 'auto' skips trials that use less than this share of their memory: there an error of the estimate
@@ -55,6 +41,7 @@ def _why_not(budget: TrialBudget, config: TrainingConfig, hw: HardwareSpec, resu
     if cannot:
         return "" if budget.record_peak == "auto" else f"no fresh-process peak run: {cannot}"
     limit = budget.memory_cap_bytes or hw.memory_per_device_bytes
+    # A forked rank's growth moves with the fork server's heap, the prediction does not: the larger counts.
     used = max(result.peak_memory_bytes or 0, result.predicted_memory_bytes or 0)
     if budget.record_peak == "auto" and used < AUTO_SHARE * limit:
         return ""
@@ -73,7 +60,7 @@ def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, 
     from advisor.measure import MeasureRequest, measure
     from advisor.peaks import default_peaks, record_points, request_key
     from advisor.render import human_bytes
-    from probes.config import estimate_request, trial_hardware
+    from advisor.trial import estimate_request, trial_hardware
 
     one = trial_hardware(hw, config)  # nproc is 1 here
     b = config.batch_size
@@ -81,7 +68,7 @@ def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, 
     try:
         fingerprint = workload_fingerprint(wl)
         store = default_peaks()
-        if budget.record_peak == "auto":
+        if budget.record_peak == "auto":  # a calibration's runs count too: they are the same protocol
             if any(p.batch_size / NEAR <= b <= p.batch_size * NEAR
                    for p in store.points(request_key(fingerprint, one, request, "none", "cpu_rss"))):
                 return result
@@ -89,6 +76,7 @@ def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, 
         if left < MIN_TIMEOUT_S:
             return _with_note(result, f"no fresh-process peak run: {left:.0f} s left of the trial's timeout")
         started = time.monotonic()
+        # not held to the trial's memory cap: it runs what just fit under it
         run = measure(MeasureRequest(workload=workload, workload_args=workload_args, batch_size=b,
                                      precision=config.precision, optimizer=config.optimizer,
                                      optimizer_impl=config.optimizer_impl, checkpointing=config.checkpointing,
@@ -104,8 +92,8 @@ def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, 
         log.exception("fresh-process peak run failed")
         return _with_note(result, f"no fresh-process peak kept: {type(exc).__name__}: {exc}")
     vs = f" (predicted {human_bytes(predicted)}, {(predicted - peak) / peak:+.1%})" if predicted and peak else ""
-    note = (f"DESIGN.md's peak protocol, run once in a fresh process after the trial: {human_bytes(peak)} at batch "
-            f"{b}{vs}; kept as a measured peak, so later estimates of this configuration are refined by it")
+    note = (f"docs/design.md's peak protocol, run once in a fresh process after the trial: {human_bytes(peak)} at "
+            f"batch {b}{vs}; kept as a measured peak, so later estimates of this configuration are refined by it")
     spent = time.monotonic() - started
     return _with_note(result.model_copy(update={"protocol_peak_bytes": peak, "wall_s": result.wall_s + spent,
                                                  "overhead_s": (result.overhead_s or 0.0) + spent}), note)

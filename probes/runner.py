@@ -19,9 +19,16 @@ from typing import Any
 
 from advisor.errors import AdvisorError, SpecError, invalid_input
 from advisor.hardware.spec import HardwareSpec
+from advisor.trial import (
+    CompileMode,
+    TrainingConfig,
+    TrialBudget,
+    TrialResult,
+    TrialStatus,
+    inapplicable,
+    trial_hardware,
+)
 from probes.child import ChildReport, ChildRequest
-from probes.config import CompileMode, TrainingConfig, TrialBudget, inapplicable, trial_hardware
-from probes.result import TrialResult, TrialStatus
 from probes.summary import summarize
 
 log = logging.getLogger(__name__)
@@ -156,7 +163,8 @@ def _failure_status(outcome: str, procs: list[Any], reports: list[ChildReport | 
             name = signal.Signals(-code).name
             return TrialStatus.crashed, f"rank {rank} was killed by {name}\n{_log_tail(workdir, rank)}".rstrip()
         if reports[rank] is None:
-            return TrialStatus.error, f"rank {rank} exited with code {code} and no report\n{_log_tail(workdir, rank)}".rstrip()
+            tail = _log_tail(workdir, rank)
+            return TrialStatus.error, f"rank {rank} exited with code {code} and no report\n{tail}".rstrip()
     return None
 
 
@@ -166,15 +174,15 @@ def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: 
     Computed before the ranks start, not beside them: a trace running next to the measurement
     would take a core from it.
     """
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     hw = trial_hardware(hw, config)
     try:
-        return estimate_memory(workload, hw, config.batch_size, precision=config.precision, optimizer=config.optimizer,
-                               strategy=config.strategy, checkpointing=config.checkpointing,
-                               fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl,
-                               workload_args=wargs, calibrate=False, compile_mode=config.compile_mode.value,
-                               exact_largest=False), None
+        request = EstimateRequest.of(config.batch_size, precision=config.precision, optimizer=config.optimizer,
+                                     strategy=config.strategy, checkpointing=config.checkpointing,
+                                     fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
+        options = EstimateOptions(calibrate=False, compile_mode=config.compile_mode.value, exact_largest=False)
+        return estimate_memory(workload, hw, request, options, workload_args=wargs), None
     except AdvisorError as exc:
         return None, f"no estimate: {exc}"
     except Exception as exc:  # noqa: BLE001 - an estimator bug must not lose a measurement; it is reported
@@ -198,8 +206,8 @@ def _cpu_busy(interval_s: float = 0.25) -> float:
 def _settle(budget: TrialBudget) -> tuple[str | None, float | None]:
     """Wait (up to budget.settle_s) for the machine to go quiet, so others' work does not slow the
     measurement: (a note when it never did, the share of the CPUs busy at the last look; None: not looked).
-    Busy is no small error: one busy loop beside a two-thread trial on a 2-vCPU VM cut its tokens/s to a
-    tenth (bench/notes/tune-load.md), as a thread that loses its core holds up the other at every region."""
+    Busy is no small error: a thread that loses its core holds up the others at every parallel region
+    (evidence: bench/tune_load.py, bench/results/tune-load.md)."""
     if budget.settle_s <= 0:
         return None, None
     deadline = time.monotonic() + budget.settle_s
@@ -208,9 +216,9 @@ def _settle(budget: TrialBudget) -> tuple[str | None, float | None]:
         busy = _cpu_busy()
     if busy > budget.quiet_cpu_fraction:
         cpus = os.cpu_count() or 1
-        return (f"the machine was {busy:.0%} busy with other work ({busy * cpus:.1f} of its {cpus} CPUs) when the trial "
-                f"started, after waiting {budget.settle_s:g} s for quiet: its figures may be several times low (one busy "
-                "loop beside a two-thread trial cut its throughput tenfold in bench/tune_load.py)"), busy
+        return (f"the machine was {busy:.0%} busy with other work ({busy * cpus:.1f} of its {cpus} CPUs) when the "
+                f"trial started, after waiting {budget.settle_s:g} s for quiet: its figures may be several times low "
+                "(one busy loop beside a two-thread trial cut its throughput tenfold in bench/tune_load.py)"), busy
     return None, busy
 
 
@@ -263,9 +271,10 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
     (data_dir / "trials").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=data_dir / "trials", prefix="trial-") as tmp:
         workdir = Path(tmp)
+        compiled = config.compile_mode != CompileMode.none
         req = ChildRequest(workload=workload, workload_args=wargs, config=config, budget=budget,
                            result_dir=str(workdir), count_ops=count_ops,
-                           inductor_cache_dir=str(data_dir / "inductor") if config.compile_mode != CompileMode.none else None)
+                           inductor_cache_dir=str(data_dir / "inductor") if compiled else None)
         request_path = workdir / "request.json"
         request_path.write_text(req.model_dump_json())
         from probes.forkserver import get_server
@@ -297,27 +306,18 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
 def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResult) -> None:
     """A measured CUDA peak refines the estimator for this workload and device (advisor/peaks.py).
 
-    CPU peaks are not kept: they differ from DESIGN.md's fresh-process peak, which the CPU estimate
+    CPU peaks are not kept: they differ from docs/design.md's fresh-process peak, which the CPU estimate
     predicts, by more than one run's noise and by no constant. The rank is forked from a server that
-    imported torch's compiler stack, which a fresh process imports while building its optimizer
-    (74-77 MB here, the same for every workload), but the trial's own loop (a DataLoader collating
-    per-sample items, op counting) holds 42-56 MB more than the protocol's make_batch loop, by
-    workload and batch. Trial vs fresh medians of 3 (MB, 2026-11-23, bench/BENCHMARKS.calibration.md):
-    tiny-gpt2 b64 116/149, mlp b1024 363/376, mlp b256 296/349, resnet18 b32 393/415, gpt2-small b2
-    1972/1998. Kept as they are, points 1-22% low would send the largest batch past the real one;
-    with the import added back they are 2-28% high. Nor does the rank's own protocol peak stand in
-    for the fresh one (tried 2026-11-24: the first two steps on make_batch batches, before the
-    DataLoader exists): a fresh process imports that stack during its first step, between its
-    tensors, and holds 39-130 MB more than the rank by workload and batch (tiny-mlp b8 63, tiny-gpt2
-    b64 61-68, resnet18 b32 58, mlp b256 39-70, mlp b1024 130), so no per-host offset converts it
-    (mlp b1024's converted point came out 21% low). Protocol runs refine it: a calibrated estimate's
-    fresh-process runs (advisor.measure) are kept as measured peaks of this host (estimator._run_recorder),
-    and so is the protocol run a CPU trial makes after itself (probes/protocol.py, TrialBudget.record_peak).
-    """
+    imported torch's compiler stack, which a fresh process imports while building its optimizer, and
+    the trial's loop (a DataLoader collating per-sample items, op counting) holds more than the
+    protocol's make_batch loop; nor does a protocol run inside the rank stand in, as a fresh process
+    imports that stack between its tensors. CPU points come from fresh-process runs instead: a
+    calibration's (advisor.measure) and the one a CPU trial makes after itself (probes/protocol.py).
+    Evidence: bench/calibration_accuracy.py, bench/results/calibration.md."""
     if config.device != "cuda" or not result.peak_memory_bytes:
         return
     from advisor.peaks import record_measured_peak
-    from probes.config import estimate_request
+    from advisor.trial import estimate_request
 
     try:
         record_measured_peak(wl, trial_hardware(hw, config), estimate_request(config), config.compile_mode.value,

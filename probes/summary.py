@@ -6,10 +6,9 @@ from statistics import median
 from typing import Any
 
 from advisor.hardware.spec import HardwareSpec
+from advisor.trial import CompileMode, StepTimes, TrainingConfig, TrialResult, TrialStatus
 from advisor.workload import Workload
 from probes.child import ChildReport
-from probes.config import CompileMode, TrainingConfig
-from probes.result import StepTimes, TrialResult, TrialStatus
 from probes.verdict import bottleneck
 
 
@@ -59,5 +58,6 @@ def summarize(reports: list[ChildReport | None], wl: Workload, hw: HardwareSpec,
         compiled_graphs=r0.compiled_graphs,
         measured_s=measured, measured_steps=len(steps), mfu=mfu, bottleneck=verdict, environment=r0.environment,
         wall_s=wall_s, overhead_s=max(0.0, wall_s - warmup - measured),
-        build_s=r0.marks["built"] - r0.marks["setup"] if {"built", "setup"} <= r0.marks.keys() else None, notes=[*notes, *r0.notes],
+        build_s=r0.marks["built"] - r0.marks["setup"] if {"built", "setup"} <= r0.marks.keys() else None,
+        notes=[*notes, *r0.notes],
         rank_digests=[r.digest for r in reports if r is not None and r.digest], **base)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from probes.result import Bottleneck
+from advisor.trial import Bottleneck
 
 INPUT_BOUND_WAIT = 0.25  # share of step time waiting for data above which the input pipeline is the limit
 OVERHEAD_BOUND_DISPATCH = 0.5  # share of compute time that op dispatch alone explains

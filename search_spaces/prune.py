@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.errors import EstimateError, TrialError
 from advisor.hardware.spec import HardwareSpec
-from probes.config import TrainingConfig, trial_hardware
+from advisor.trial import TrainingConfig, trial_hardware
 
 if TYPE_CHECKING:
     from advisor.workload import Workload
@@ -30,10 +30,12 @@ class Feasibility(BaseModel):
 
     launch: bool = Field(description="False: the estimate exceeds usable memory; record the trial as pruned.")
     reason: str = Field(description="One line: predicted against usable, or why there is no estimate.")
-    total_bytes: int | None = Field(default=None, description="Estimated peak per device, without the CUDA context (bytes).")
+    total_bytes: int | None = Field(default=None,
+                                    description="Estimated peak per device, without the CUDA context (bytes).")
     runtime_bytes: int | None = Field(default=None, description="CUDA context and library workspaces (bytes).")
     usable_bytes: int | None = Field(default=None, description="Device memory less the margin (bytes).")
-    max_batch_size: int | None = Field(default=None, description="Largest batch the estimate fits with these knobs (samples).")
+    max_batch_size: int | None = Field(default=None,
+                                       description="Largest batch the estimate fits with these knobs (samples).")
 
 
 class _Cache:
@@ -101,16 +103,17 @@ def feasibility(workload: "Workload | str", workload_args: dict[str, Any] | None
 
 def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, hardware: HardwareSpec,
             config: TrainingConfig, margin: float | None) -> Feasibility:
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     # The estimate scales by the world size the trial will have, not the whole machine.
     target = trial_hardware(hardware, config)
+    request = EstimateRequest.of(config.batch_size, precision=config.precision, optimizer=config.optimizer,
+                                 strategy=config.strategy, checkpointing=config.checkpointing,
+                                 fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
+    options = EstimateOptions(calibrate=False, margin=margin, compile_mode=config.compile_mode.value,
+                              exact_largest=False)
     try:
-        est = estimate_memory(workload, target, config.batch_size, precision=config.precision,
-                              optimizer=config.optimizer, strategy=config.strategy, checkpointing=config.checkpointing,
-                              fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl,
-                              workload_args=workload_args, calibrate=False, margin=margin,
-                              compile_mode=config.compile_mode.value, exact_largest=False)
+        est = estimate_memory(workload, target, request, options, workload_args=workload_args)
     except (EstimateError, TrialError) as exc:  # TrialError: the estimator's real-step fallback itself failed
         return Feasibility(launch=True, reason=f"no estimate ({exc}); launching to measure")
     sharing = config.nproc if hardware.device_type == "cpu" else 1

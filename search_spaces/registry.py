@@ -46,7 +46,8 @@ def parse_space(text: str, source: str) -> SearchSpace:
         raise SpecError(f"space {source}: not valid YAML: {str(exc).splitlines()[0]} "
                         f"{getattr(exc, 'problem_mark', '') or ''}".strip()) from exc
     if not isinstance(data, dict):
-        raise SpecError(f"space {source}: expected a mapping with name, knobs and conditions, got {type(data).__name__}")
+        raise SpecError(f"space {source}: expected a mapping with name, knobs and conditions, "
+                        f"got {type(data).__name__}")
     try:
         return SearchSpace.model_validate(data)
     except ValidationError as exc:

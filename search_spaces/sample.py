@@ -10,9 +10,9 @@ from pydantic import ValidationError
 
 from advisor.config import OptimizerKind
 from advisor.errors import SpecError
-from probes.config import TrainingConfig
+from advisor.trial import TrainingConfig
 from search_spaces.context import SpaceContext
-from search_spaces.spec import BOUND, KNOBS, ORDER, Choices, Condition, Fixed, SearchSpace, Scalar, check_value
+from search_spaces.spec import BOUND, KNOBS, ORDER, Choices, Condition, Fixed, Scalar, SearchSpace, check_value
 
 if TYPE_CHECKING:
     import optuna

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from probes.config import TrainingConfig
+from advisor.trial import TrainingConfig
 
 Scalar = Union[bool, int, float, str, None]
 
@@ -144,14 +144,16 @@ def _parse_domain(raw: Any) -> Any:
     if isinstance(raw, BaseModel):
         return raw
     if not isinstance(raw, dict):
-        raise ValueError(f"a domain is a mapping: {{choices: [...]}}, {{fixed: value}} or {{low: .., high: ..}}; got {raw!r}")
+        raise ValueError("a domain is a mapping: {choices: [...]}, {fixed: value} or {low: .., high: ..}; "
+                         f"got {raw!r}")
     if "choices" in raw:
         return Choices.model_validate(raw)
     if "fixed" in raw:
         return Fixed.model_validate(raw)
     if "low" in raw or "high" in raw:
         return IntRange.model_validate(raw)
-    raise ValueError(f"a domain needs `choices`, `fixed`, or `low` and `high`; got keys {', '.join(map(str, raw)) or 'none'}")
+    raise ValueError(f"a domain needs `choices`, `fixed`, or `low` and `high`; got keys "
+                     f"{', '.join(map(str, raw)) or 'none'}")
 
 
 
@@ -179,7 +181,8 @@ def _check_test(name: str, test: Any) -> None:
     if isinstance(test, dict):
         bad = [op for op in test if op not in OPS]
         if bad or not test:
-            raise ValueError(f"when.{name}: operators {', '.join(map(str, bad)) or '(none)'} unknown; use {', '.join(OPS)}")
+            raise ValueError(f"when.{name}: operators {', '.join(map(str, bad)) or '(none)'} unknown; "
+                             f"use {', '.join(OPS)}")
         for op in ("in", "not_in"):
             if op in test and not isinstance(test[op], list):
                 raise ValueError(f"when.{name}.{op} takes a list, got {test[op]!r}")

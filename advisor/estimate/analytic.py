@@ -19,8 +19,18 @@ import numpy as np
 
 from advisor.config import OptimizerKind, Precision
 from advisor.estimate.model import EstimateRequest
-from advisor.estimate.trace import (ACTIVATIONS, CATEGORY_NAMES, GRADS, INPUTS, OPT_STATE, PARAM_COPIES, PARAMS, STEP_TEMPS,
-                                    TEMPORARIES, Trace)
+from advisor.estimate.trace import (
+    ACTIVATIONS,
+    CATEGORY_NAMES,
+    GRADS,
+    INPUTS,
+    OPT_STATE,
+    PARAM_COPIES,
+    PARAMS,
+    STEP_TEMPS,
+    TEMPORARIES,
+    Trace,
+)
 from advisor.workload import DecoderArch, Workload
 
 STATE_PER_PARAM = {  # optimizer state elements per parameter (torch.optim)
@@ -66,7 +76,8 @@ def analytic_trace(wl: Workload, batch: int, req: EstimateRequest) -> Trace:
     tokens = batch * d.seq_len
     resid, comp = activation_elements_per_token(d)
     per_layer = tokens * (resid * (2 if pure else 4) + comp * compute_bytes)
-    acts = d.layers * (0 if req.checkpointing else per_layer) + (d.layers * tokens * d.hidden * 4 if req.checkpointing else 0)
+    checkpoints = d.layers * tokens * d.hidden * 4 if req.checkpointing else 0
+    acts = d.layers * (0 if req.checkpointing else per_layer) + checkpoints
     logits = 2 * tokens * d.vocab * 4  # fp32 logits and log-softmax saved for the loss backward
     params = n * p_bytes
     grads = params

@@ -5,8 +5,9 @@ list different ops: on CUDA, LayerNorm, GroupNorm, RMSNorm, softmax and log_soft
 sums, norms and upsampling run in fp32 (a bf16 input is cast up, or the op accumulates into an fp32 output),
 where CPU autocast runs them in the input's dtype. Under bf16 that halves the traced bytes of those ops'
 outputs and leaves out the fp32 copies of their inputs: hand-written softmax attention keeps its
-probabilities in fp32 on a GPU, and a GroupNorm U-Net its normalized maps. (Seen on an H200: bert-base's MLM
-head runs its LayerNorm in fp32 there, in bf16 in the trace; bench/notes/cuda-h200.md, session 41.)
+probabilities in fp32 on a GPU, and a GroupNorm U-Net its normalized maps (bert-base's MLM head runs its
+LayerNorm in fp32 on an H200, in bf16 under CPU autocast). Evidence: bench/estimate_accuracy_cuda.py,
+bench/results/accuracy-cuda-h200.json.
 
 `cuda_policy()` applies CUDA's rules, for the ops CUDA's autocast lists and CPU's does not, on the thread
 that enters it: a Python kernel at the AutocastCPU dispatch key for each such op (which has none there; the

@@ -43,7 +43,7 @@ class BatchModel:
     def _allocations(trace: Trace) -> np.ndarray:
         """Which events allocate: each allocation's first event. Not the sign of its size: an
         allocation may be 0 bytes in one trace and not in the other (a probed op's scratch,
-        trace._Tracker.scratch)."""
+        trace.Tracker.scratch)."""
         first = np.zeros(len(trace.ids), dtype=bool)
         first[np.unique(trace.ids, return_index=True)[1]] = True
         return first
@@ -84,9 +84,8 @@ class BatchModel:
         """Batch b's own trace where this model can make one (`tracer`; kept in `exact`, so `at` returns it
         too), else `at(b)`: for comparisons with a real trace at b that must not rest on extrapolation. A
         batch's shapes need not be affine in its size (a graph batch's node count is the sum of its graphs'
-        sizes: 1231, 2429 and 5000 nodes at 16, 32 and 64 in bench/workloads/fresh5.py:mpnn), and the
-        calibration, comparing fake traces carried from 8 and 16 to 4 with a real trace at 4, took a 3%
-        difference of data for one of kernels and turned to real traces, extrapolated the same way."""
+        sizes: 1231, 2429 and 5000 nodes at 16, 32 and 64 in bench/workloads/fresh5.py:mpnn), and a fake
+        trace carried from 8 and 16 to 4 would differ from a real one at 4 by the data, not the kernels."""
         if self.tracer is None or b in self.exact or b == self.a or (b == self.c and self.trace_c is not None):
             return self.at(b)
         self.exact[b] = self.tracer(b)
@@ -118,7 +117,8 @@ class BatchModel:
         sizes = interpolated(size_a, size_c, self._reductions_at(f))
         onehot = np.zeros(ta.curve.shape, np.int64)
         onehot[np.arange(len(sizes)), label[ta.ids]] = sizes
-        untouched = None if unt_a is None else np.minimum(np.abs(interpolated(unt_a, unt_c)), np.abs(sizes)) * np.sign(sizes)
+        untouched = None if unt_a is None else \
+            np.minimum(np.abs(interpolated(unt_a, unt_c)), np.abs(sizes)) * np.sign(sizes)
         # FLOPs scale with the batch (the second trace does not count them, to save time)
         return replace(ta, sizes=sizes, curve=np.cumsum(onehot, axis=0), untouched=untouched,
                        flops_per_step=int(round(ta.flops_per_step * b / self.a)))
@@ -170,20 +170,12 @@ class BatchModel:
         """Two traces whose allocations differ (data-dependent graphs): the candidate peak rows
         (`_candidates`) of the trace nearer b in batch size, phase by phase, each category of a row
         scaled by how that category's peak in that phase grows from there to b (interpolated in batch
-        size between the two traces' peaks in that phase), as the moments of a synthetic curve. A category's
-        peak within one phase is the same moment at any batch size, a row of one trace is one moment, and
-        scaling stays within it; rows of the two traces interpolated pairwise (until session 49) met one
-        moment with another where the peak moved: a BiLSTM tagger over packed sequences
-        (bench/workloads/fresh4.py) peaked in the optimizer step at batch 4 and in the backward at 8, and
-        those rows carried to 16 put its live peak at 255.8 MB where the real trace there holds 216.1; scaled,
-        214.9 (bf16: 287.0 and 209.0 for 209.7). On fake traces at a quarter and half of 68 workload cases'
-        large batch (bench sets and presets, fp32 adamw and bf16 sgd-momentum), unaligned or not, at the batch:
-        within 4.6% of its own trace (bert-base b6 from 1 and 3, -4.6%; median 0.0%) where pairwise rows, even
-        phase by phase, were 27% over on the lstm preset. All rows are kept, not only the largest: the live
-        peak is the largest row's, and the CPU resident set also takes the peak of the long-lived tensors
-        (the optimizer step's), which is not that row's (a transformer encoder whose real traces at 1 and 2
-        differ: 307 MB of parameters, gradients and Adam state at the step, 236 MB at the end of the forward,
-        where the live peak is)."""
+        size between the two traces' peaks in that phase), as the moments of a synthetic curve. A
+        category's peak within one phase is the same moment at any batch size, and a row of one trace is
+        one moment; rows of the two traces paired up would meet one moment with another where the peak
+        moves (bench/workloads/fresh4.py's BiLSTM tagger peaks in the optimizer step at batch 4 and in the
+        backward at 8). All rows are kept: the CPU resident set also takes the long-lived tensors' peak,
+        which is not the largest row's."""
         ta, tc = self.trace_a, self.trace_c
         f = (b - self.a) / (self.c - self.a)
         same = ta.phases is not None and tc.phases is not None and len(ta.phases) and len(tc.phases) \

@@ -37,19 +37,15 @@ RUNTIME_BYTES = 760 * MB
 # event, the trace says (Trace.cublas_threads, Trace.cublas_at: matrix products; convolutions go to
 # cuDNN). Size per handle, torch's default (CublasHandlePool.cpp, CUBLAS_WORKSPACE_CONFIG unset): 32 MiB
 # on compute capability 9.0 and later, else 4096 KiB x 2 + 16 KiB x 8. A matrix product that cuBLASLt
-# runs (addmm with a bias vector: `linear`) also takes a cuBLASLt workspace for its thread: 1 MiB in
-# the H100 and H200 runs (torch 2.11).
-# Measured on an H100 (bench/estimate_accuracy_cuda.py): max_memory_allocated exceeded the traced peak by
-# 61-68 MB for the transformers and the recommender, 2 x 32 MiB = 67 MB. The U-Net preset has no matrix
-# product: with two workspaces counted, its estimate was 1.1-7.4% over max_memory_allocated in all 8
-# cases; without them -0.1% to +0.3% (the same runs, recomputed: bench/results/accuracy-cuda.json).
+# runs (addmm with a bias vector: `linear`) also takes a cuBLASLt workspace for its thread: 1 MiB on
+# an H100 and an H200 (torch 2.11).
+# On an H100, max_memory_allocated exceeds the traced peak by 61-68 MB for the transformers and the
+# recommender (2 x 32 MiB = 67 MB), and by none for the U-Net preset, which runs no matrix product.
+# Evidence: bench/estimate_accuracy_cuda.py, bench/results/accuracy-cuda.json
 # Where they are taken matters to the reserved peak: a workspace carved from a cached free block splits
-# it, and a later request of that block's size then takes a new segment. Replaying the real allocator
-# events of seven H200 runs (bench/cuda_peak_blocks.py --events) through `simulate_cuda` gives their
-# max_memory_reserved to the byte. With the workspaces outside the pool, our traced sequences fell short on
-# three of them by 6-14% (resnet18 fp32 sgd-momentum b64 -6.1%, mlp bf16 adamw b32768 -7.8%, lstm fp32
-# sgd-momentum b128 -14.3%); taken where the real runs took them, +0.0%, +0.3% and -3.0% (lstm fp32 adamw
-# b128 went -0.1% -> -3.0%; bert-base's and unet's misses have other causes: bench/notes/cuda-h200.md).
+# it, and a later request of that block's size then takes a new segment; with the workspaces taken where
+# the real runs take them, real allocator events replayed through `simulate_cuda` give max_memory_reserved.
+# Evidence: bench/research/cuda_events.py, bench/results/archive/cuda-events-h200
 CUBLAS_HANDLES = 2
 CUBLASLT_WORKSPACE = 1 * MB
 HOPPER_OR_LATER = frozenset({"h100-sxm", "h100-pcie", "h200", "b200"})

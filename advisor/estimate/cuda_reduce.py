@@ -14,11 +14,11 @@ each output a column): 132 MiB for a 2048-wide layer at 32768 rows on an H200, t
 and bf16, more than the gradient it produces by four orders of magnitude. The fake tensors the
 estimator traces on know nothing of it. `reduction_scratch` reproduces `setReduceConfig`'s arithmetic
 for NVIDIA GPUs and for ROCm's branches (AMD), so a catalog GPU's estimate counts it; on this
-machine's own GPU the estimator measures each reduction instead (`trace._cuda_scratch`).
+machine's own GPU the estimator measures each reduction instead (`scratch_cuda.cuda_scratch`).
 
-Checked against an H200's allocator events (bench/results/cuda-events-h200-s41, mlp bf16 adamw at
-batch 32768): the 2048-wide layers' bias gradients took 138,412,032 + 64 bytes and the 10-wide
-head's 10,240 + 8, as computed here.
+On an H200 (mlp bf16 adamw at batch 32768) the 2048-wide layers' bias gradients take 138,412,032 + 64
+bytes and the 10-wide head's 10,240 + 8, as computed here.
+Evidence: bench/research/cuda_events.py, bench/results/archive/cuda-events-h200
 """
 
 from __future__ import annotations

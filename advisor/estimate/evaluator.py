@@ -8,9 +8,11 @@ from advisor.config import Strategy
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.cuda_alloc import library_workspaces
 from advisor.estimate.model import EstimateRequest
-from advisor.estimate.overhead import CpuCalibration, Overhead, cpu_overhead, cuda_overhead
+from advisor.estimate.overhead import Overhead, cuda_overhead
 from advisor.estimate.refine import Refinement
-from advisor.estimate.strategy import mmap_from, peak_breakdown, resident_terms, scaled_curve, touched_peak
+from advisor.estimate.resident.overhead import CpuCalibration, cpu_overhead
+from advisor.estimate.resident.terms import mmap_from, resident_terms, touched_peak
+from advisor.estimate.strategy import peak_breakdown, scaled_curve
 from advisor.estimate.trace import Trace
 from advisor.hardware.spec import HardwareSpec
 
@@ -50,10 +52,11 @@ class Evaluator:
 
     def _cpu_terms(self, curve, tr: Trace, mmap_threshold: int | None = None) -> tuple[int, int, int, int]:
         """(persistent peak, heap-served transient bytes over it where they live together, what mapped
-        transient allocations add to the persistent peak (strategy.resident_terms), kernels' hidden
+        transient allocations add to the persistent peak (terms.resident_terms), kernels' hidden
         buffers) of a CPU curve (bytes): what the resident-set model takes, under glibc's default
         allocator or one whose mmap threshold a run fixed."""
-        persistent, heap, mapped, over, above = resident_terms(curve, tr.synthetic, tr.untouched, mmap_from(mmap_threshold))
+        terms = resident_terms(curve, tr.synthetic, tr.untouched, mmap_from(mmap_threshold))
+        persistent, heap, mapped, over, above = terms
         return persistent, above, over, (self.calib.hidden(heap + mapped) if self.calib else 0)
 
     def transient(self, b: int, mmap_threshold: int | None = None) -> int:
@@ -81,7 +84,7 @@ class Evaluator:
 
     def max_batch(self, usable: int, strategy: Strategy | None = None) -> int:
         """The largest batch whose total fits `usable`, a calibration's margin at that batch kept clear
-        (calibrate.Calibration.margin: its runs' spread, and their noise at the resident set there)."""
+        (resident.calibration.Calibration.margin: its runs' spread, and their noise at the resident set there)."""
         keep = self.calib is not None and self.refined is None
 
         def fits(b: int) -> bool:

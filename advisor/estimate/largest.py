@@ -3,13 +3,13 @@
 The batch model (batchmodel.py) takes each allocation as affine in the batch size, which holds for
 tensors but not for two things, so the request's own strategy is searched again:
 - on this CPU, the resident set (glibc keeps freed heap memory, and maps large allocations on their
-  own): real runs near the answer re-fit it (`_max_batch_near`, calibrate.recalibrate_near);
+  own): real runs near the answer re-fit it (`_max_batch_near`, resident.calibrate.recalibrate_near);
 - kernel workspaces sized on this machine's GPU: cuDNN picks a convolution algorithm by shape, and
   its workspace with it, so a workspace measured at batch 32 and 64 says nothing of batch 220
   (resnet18 fp32 on an H100 under a 6.4 GB cap: the model through 32 and 64 answered 220, whose real
   reserved peak is 7.5 GB; the real largest batch is 162-173). So is the scratch a 16-bit matrix product
-  holds inside oneDNN on a CPU with AMX (trace._half_product), where no calibration's real runs take it
-  in: tiny-bert bf16's largest batch came out 146 asked at one batch and 149 at another (2 and 16). The
+  holds inside oneDNN on a CPU with AMX (scratch_cpu.is_half_product), where no calibration's real runs take it
+  in: without it, tiny-bert bf16's largest batch comes out 146 asked at batch 2 and 149 at 16. The
   answer is searched again on exact traces (`max_batch_on_traces`): bisection between the largest traced
   batch that fits and the smallest that does not, each guess the model's answer through the two traces
   nearest the last one.
@@ -24,29 +24,28 @@ import numpy as np
 
 from advisor.config import Strategy
 from advisor.estimate.batchmodel import BatchModel
-from advisor.estimate.calibrate import SLOPE_PRIOR_MEAN, SLOPE_PRIOR_SD, Calibration, Run
 from advisor.estimate.evaluator import MAX_BATCH_LIMIT, Evaluator
 from advisor.estimate.refine import CAUTION, cautious
+from advisor.estimate.resident.calibration import Calibration, Run
+from advisor.estimate.resident.fit import SLOPE_PRIOR_MEAN, SLOPE_PRIOR_SD
 from advisor.estimate.stages import report
 from advisor.estimate.trace import Trace
 from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
 
-# A second calibration round at the predicted largest batch (twice) and half of it runs only when
-# the predicted resident set at the largest is at most calibrate.HOST_SHARE of this host's memory.
-# Asked about this host's own memory, the largest batch is about all of it, so the common `estimate`
-# on the local CPU never pays for the round.
-# Another round runs where the re-solved answer moved more than this share away from the batch the
-# round ran at, up to NEAR_ROUNDS rounds in all.
+# A second calibration round at the predicted largest batch (twice) and half of it runs only when the
+# predicted resident set at the largest is at most resident.calibrate.HOST_SHARE of this host's memory:
+# asked about this host's own memory, the largest batch takes about all of it, so the common `estimate`
+# on the local CPU never pays for the round. Another round runs where the re-solved answer moved more
+# than NEAR away from the batch the round ran at, up to NEAR_ROUNDS rounds in all.
 NEAR, NEAR_ROUNDS = 0.1, 3
 # Resident bytes per transient live byte that a sample past a real run adds at most, where its runs
 # vouch for a larger batch than the fit (`_vouched_by_runs`): one SD over the calibrations' prior
-# slope (1.5; calibrate.SLOPE_PRIOR_MEAN), or the calibration's own where steeper.
+# slope (1.5; fit.SLOPE_PRIOR_MEAN), or the calibration's own where steeper.
 RUN_STEP_SLOPE = SLOPE_PRIOR_MEAN + SLOPE_PRIOR_SD
 # ... and never this many times past the largest batch already run. The host-share bound above
-# trusts the batch model being checked; this one does not: a model that barely grows (it happened,
-# bf16 traces whose frees came in another order, fixed in batchmodel.py) would send a real run to
-# a batch that takes the host's memory.
+# trusts the batch model being checked; this one does not: a model that wrongly barely grows would
+# send a real run to a batch that takes the host's memory.
 NEAR_REACH = 64
 # Exact traces at most (each sizes the new shapes' workspaces on the GPU, about a second for a ResNet, or
 # probes the new product shapes on this CPU)
@@ -130,8 +129,8 @@ def largest_batches(ev: Evaluator, calibrated: bool, points: list[Run], workload
         answer = Evaluator(ev.hw, ev.req, ev.bm, steep).max_batch(usable)
         if answer < by_strategy[own]:
             notes.append(f"largest batch {by_strategy[own]} -> {answer}: solved again with the resident-set slope "
-                         f"{CAUTION:.0f} posterior SDs steeper ({steep.slope:.2f}), as the measured points alone say little "
-                         "about it far from them")
+                         f"{CAUTION:.0f} posterior SDs steeper ({steep.slope:.2f}), as the measured points alone say "
+                         "little about it far from them")
             by_strategy[own] = answer
     capped = [s for s, b in by_strategy.items() if b >= MAX_BATCH_LIMIT]
     if capped:
@@ -149,9 +148,9 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
     over the cap, or at the batch the runs vouch for (`_next_round`), at most NEAR_ROUNDS times. The
     answer stays below any batch whose runs measured over (`_measured_over`), and runs that measured
     clear may vouch for a little more (`_vouched_by_runs`). None when no second round ran (see
-    calibrate.py)."""
+    resident/calibrate.py)."""
     from advisor.errors import TrialError
-    from advisor.estimate.calibrate import HOST_SHARE, Calibration, host_memory_bytes, recalibrate_near
+    from advisor.estimate.resident.calibrate import HOST_SHARE, host_memory_bytes, recalibrate_near
 
     host = host_memory_bytes()
     answer, again = first, None
@@ -178,15 +177,18 @@ def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict
         ev = Evaluator(ev.hw, ev.req, ev.bm, calib)
         ran_at, again = answer, ev.max_batch(usable)
         notes.append(f"largest batch re-solved after real runs at {ran_at} (fit over batch sizes "
-                     f"{', '.join(map(str, calib.batches))}: {calib.formula()}, runs within {calib.spread / 2**20:.0f} MiB of it, "
-                     f"{calib.margin(ev.predicted_total(max(again, 1))) / 2**20:.0f} MiB kept clear): {ran_at} -> {again}")
+                     f"{', '.join(map(str, calib.batches))}: {calib.formula()}, "
+                     f"runs within {calib.spread / 2**20:.0f} MiB of it, "
+                     f"{calib.margin(ev.predicted_total(max(again, 1))) / 2**20:.0f} MiB kept clear): "
+                     f"{ran_at} -> {again}")
         answer = _next_round(ev, usable, ran_at, again)
         if answer is None:
             break
     if again is not None:
         over = _measured_over(ev, usable)
         if over is not None and again >= over:
-            notes.append(f"largest batch {again} -> {over - 1}: real runs at {over} measured over the cap (their median)")
+            notes.append(f"largest batch {again} -> {over - 1}: real runs at {over} measured over the cap "
+                         "(their median)")
             again = over - 1
         again = _vouched_by_runs(ev, usable, again, notes) or again
     return again
@@ -197,11 +199,9 @@ def _next_round(ev: Evaluator, usable: int, ran_at: int, fitted: int) -> int | N
     stop: at `fitted` where it lies more than NEAR from `ran_at` (the fit extrapolated), or below runs
     that measured over the cap (only the fit says the gap between fits); else at the batch the runs
     vouch for past `fitted` (`_vouched_by_runs`) where it lies past every batch run so far, so that a
-    vouched-for answer is checked by runs of its own while rounds remain (gpt2-small under 2.5 GB here:
-    rounds at 11 and 13 both answered 13, and the runs at 13 vouched for 14 and no further, though they
-    left 207 MiB clear; runs at 14 would vouch for 15). Not just under a larger batch whose runs did not
-    vouch for themselves: runs there would not either (mlp under 1.5 GB, session 35, ran a round at 25211
-    after runs at 25212)."""
+    vouched-for answer is checked by runs of its own while rounds remain (runs at a batch vouch for a
+    sample or so past it, and runs there for one more). Not just under a larger batch whose runs did not
+    vouch for themselves: runs there would not either."""
     over = _measured_over(ev, usable)
     if abs(fitted - ran_at) > NEAR * ran_at or (fitted < ran_at and over is not None and over <= ran_at):
         return fitted
@@ -224,37 +224,24 @@ def _run_limit(ev: Evaluator, usable: int) -> int:
 def _measured_over(ev: Evaluator, usable: int) -> int | None:
     """The smallest batch whose real runs under glibc's default measured over `usable` (their median;
     the runtime beside the resident set taken off), or None. No answer may reach it: near the cap
-    identical runs differ by up to 10% here (resnet18 at 64 px, 1.5 GB: 1398, 1398 and 1534 MB at
-    batch 402), and a fit through runs on both sides can still place its answer above runs that did not fit."""
+    identical runs differ by up to 10% (resnet18 at 64 px: 1398, 1398 and 1534 MB at batch 402), and a
+    fit through runs on both sides can still place its answer above runs that did not fit."""
     limit = _run_limit(ev, usable)
     over = [b for b, rs in _default_runs(ev).items() if float(np.median(rs)) > limit]
     return min(over) if over else None
 
 
 def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str], explore: bool = False) -> int | None:
-    """The largest batch that the real runs near the answer vouch for (CPU, calibrated), where it is
-    larger than the fit's answer `fitted`, else None. The fit is one line through runs that may
-    straddle a bend (gpt2-small at seq 64: the live peak moves from the optimizer step to the backward
-    pass near batch 11, the resident set's near 15), and keeps its whole spread clear of the cap, so it
-    can answer below a batch whose runs measured well under it (2.5 GB cap: session 14 answered 12,
-    where a run at 14 measured 2.28 GB and the real largest is 16; session 16's fit answered 13 after
-    two runs at 14 of at most 2.31 GB, and they vouched for 15).
-    - A batch is vouched for by its own runs under glibc's default where the highest of them stays within
-      the cap less what the median of a user's runs may come out above it (`Calibration.runs_share`:
-      less for more runs), and no smaller batch's runs measured over.
-    - From the largest batch b0 whose every run measured within the cap less its own noise (the
-      calibration's `noise_share` of the worst run, as the margin keeps; it covers the runs' own spread
-      there), a batch up to NEAR x b0 further is vouched for while b0's worst run plus (b - b0) x the
-      steepest per-sample growth of the batch model (at RUN_STEP_SLOPE) stays there too: each phase's
-      resident set grows no faster than the largest growth of the live peak. Never up to a larger batch
-      whose runs measured over.
-    - `explore` (where the next near round runs, `_next_round`): past b0 with only the share b0's own runs keep
-      (`runs_share`), not a run's noise, since that batch then gets runs of its own, which vouch for it or
-      not as any batch's do. gpt2-small at seq 64 under 3.5 GB (session 35): two runs at 26 of 3101 MiB at
-      most, with 5% of them and a sample at the steep slope kept clear, vouched for nothing past 26, so no
-      round ran at 27, and the answer 26 was 0.897 of the real 29 (its runs 3315-3449 MiB). 2.6% of them is
-      74 MiB less kept clear, about a sample there (the bisection's runs grew ~72 MiB a sample from 26 to 29);
-      whether that reaches 27 in this case was not run again (session 35's next calibration fitted 27 itself)."""
+    """The largest batch that the real runs near the answer vouch for (CPU, calibrated), where it is larger
+    than the fit's answer `fitted`, else None. The fit is one line through runs that may straddle a bend
+    (gpt2-small at seq 64: the live peak moves from the optimizer step to the backward near batch 11, the
+    resident set's near 15), and keeps its whole spread clear, so it can answer below a batch whose runs
+    measured well under the cap. A batch is vouched for by its own runs under glibc's default where the
+    highest stays within the cap less `Calibration.runs_share` of it, and no smaller batch's runs measured
+    over; from the largest such b0 whose runs also keep `noise_share` clear, up to NEAR x b0 further while
+    b0's worst run plus the steepest per-sample growth (at RUN_STEP_SLOPE) stays within it too, never up to
+    a larger batch whose runs measured over. `explore` (`_next_round`): past b0 with only `runs_share`
+    kept, since that batch then gets runs of its own."""
     by_batch = _default_runs(ev)
     if not by_batch:  # no runs (and then no Calibration to take their noise from)
         return None
@@ -293,9 +280,9 @@ def _vouched_by_runs(ev: Evaluator, usable: int, fitted: int, notes: list[str], 
             mid = (past + hi) // 2
             past, hi = (mid, hi) if grows(mid) <= left else (past, mid)
         if lo is None or past > lo:
-            lo, why = past, (f"the real runs at {b0} ({max(by_batch[b0]) / 2**20:.0f} MiB at most, {left / 2**20:.0f} MiB "
-                             f"clear of the cap less their noise), each sample past them taken at {steep.calib.slope:.2f} "
-                             "resident bytes per transient byte at most")
+            lo, why = past, (f"the real runs at {b0} ({max(by_batch[b0]) / 2**20:.0f} MiB at most, "
+                             f"{left / 2**20:.0f} MiB clear of the cap less their noise), each sample past them "
+                             f"taken at {steep.calib.slope:.2f} resident bytes per transient byte at most")
     if lo is None or lo <= fitted:
         return None
     notes.append(f"largest batch {fitted} -> {lo}: vouched for by {why} (the fit through all the runs keeps its "

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
 from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.errors import SpecError, invalid_input
+
+if TYPE_CHECKING:
+    from advisor.estimate.evaluator import Evaluator
+    from advisor.estimate.resident.calibration import Run
+    from advisor.hardware.spec import HardwareSpec
+    from advisor.workload import Workload
 
 
 class EstimateRequest(BaseModel):
@@ -14,12 +22,14 @@ class EstimateRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    batch_size: int = Field(gt=0, description="Micro-batch per device (samples).")
+    batch_size: int | None = Field(default=None, gt=0, description="Micro-batch per device (samples); None: the "
+                                   "workload's default_batch_size (an estimate's request always names it).")
     precision: Precision = Precision.fp32
     optimizer: OptimizerKind = OptimizerKind.adamw
     strategy: Strategy = Strategy.single
     checkpointing: bool = Field(default=False, description="Recompute the repeated blocks' activations in backward.")
-    fused_backward: bool = Field(default=False, description="Optimizer step in each parameter's post-accumulate-grad hook.")
+    fused_backward: bool = Field(default=False,
+                                 description="Optimizer step in each parameter's post-accumulate-grad hook.")
     offload_optimizer: bool = Field(default=False, description="Optimizer state and step on the host (ZeRO-Offload).")
     offload_params: bool = Field(default=False, description="Sharded parameters on the host (ZeRO-3 only).")
     optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = None
@@ -31,6 +41,50 @@ class EstimateRequest(BaseModel):
         if self.fused_backward and self.strategy.sharded:
             raise ValueError("fused_backward applies to single and ddp strategies, not ZeRO/FSDP")
         return self
+
+    @classmethod
+    def of(cls, batch_size: int | None = None, **knobs: Any) -> EstimateRequest:
+        """The request for `batch_size` and `knobs` (these fields, as enums or their values), or a one-line
+        SpecError saying what is wrong: what the CLI (exit 2) and the API (422) build from their input."""
+        if batch_size is not None and batch_size <= 0:
+            raise SpecError(f"batch size must be a positive integer, got {batch_size}")
+        try:
+            return cls(batch_size=batch_size, **knobs)
+        except ValidationError as exc:
+            raise invalid_input(exc) from exc
+
+
+def _peaks_store(value: Any) -> Any:
+    from advisor.peaks import MeasuredPeaks  # it imports this module
+
+    if isinstance(value, (bool, MeasuredPeaks)):
+        return value
+    raise ValueError(f"measured takes True, False or a MeasuredPeaks store, not {type(value).__name__}")
+
+
+class EstimateOptions(BaseModel):
+    """How to estimate, beside what: the method, the real runs allowed, the margin, the measured peaks used."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: Literal["auto", "traced", "analytic"] = Field(
+        default="auto", description="'traced' (fake-tensor trace), 'analytic' (decoder formulas), or 'auto' (analytic "
+        "for decoders above settings.trace_param_limit parameters, else traced).")
+    calibrate: bool | None = Field(
+        default=None, description="Allow short real runs at small batches when the target is this machine's CPU, "
+        "and each cuDNN convolution and LSTM layer shape and each reduction run once on this machine's GPU when "
+        "that is the target (None: settings.calibrate).")
+    margin: float | None = Field(default=None, description="Fraction of device memory kept free "
+                                 "(None: settings.memory_margin).")
+    measured: Annotated[Any, PlainValidator(_peaks_store)] = Field(
+        default=True, description="Refine with measured peaks of the same workload fingerprint, device, knobs and "
+        "compile_mode: from the default store (True), this MeasuredPeaks store, or none (False).")
+    compile_mode: str = Field(default="none", description="torch.compile mode the step runs under (keys the "
+                              "measured peaks).")
+    exact_largest: bool = Field(
+        default=True, description="Where kernels' scratch is not affine in the batch, search the largest batch again "
+        "on exact traces (up to largest.EXACT_TRACES more). False for callers that need only the request's own "
+        "batch (the tuner's pruning, a trial's prediction): the largest batch is the traces' line's, said in a note.")
 
 
 class Breakdown(BaseModel):
@@ -56,23 +110,51 @@ class MemoryEstimate(BaseModel):
     request: EstimateRequest
     world_size: int
     predicts: Literal["cuda_allocated", "cuda_reserved", "cpu_rss"] = Field(
-        description="Which measured quantity of DESIGN.md total_bytes predicts; allocated_bytes predicts the live-tensor peak.")
+        description="Which measured quantity of docs/design.md total_bytes predicts; allocated_bytes predicts the "
+        "live-tensor peak.")
     total_bytes: int = Field(description="Predicted peak per device of the quantity named by `predicts` (bytes).")
     allocated_bytes: int = Field(description="Predicted peak of live tensor bytes per device (bytes).")
     breakdown: Breakdown
-    runtime_bytes: int = Field(default=0, description="CUDA context and library workspaces, outside the allocator (bytes).")
+    runtime_bytes: int = Field(default=0,
+                               description="CUDA context and library workspaces, outside the allocator (bytes).")
     device_memory_bytes: int = Field(description="Memory of one device (bytes).")
     usable_bytes: int = Field(description="Device memory less the safety margin (bytes).")
     fits: bool
-    max_batch_size: int = Field(description="Largest micro-batch that fits with this configuration (samples); 0 if none.")
-    max_batch_by_strategy: dict[str, int] = Field(default_factory=dict, description="Largest batch per strategy (samples).")
+    max_batch_size: int = Field(description="Largest micro-batch that fits with this configuration (samples); "
+                                "0 if none.")
+    max_batch_by_strategy: dict[str, int] = Field(default_factory=dict,
+                                                  description="Largest batch per strategy (samples).")
     method: Literal["traced", "analytic", "measured"] = Field(description="How allocated_bytes was obtained.")
     calibrated: bool = Field(default=False, description="A short real run on this CPU refined the overhead.")
-    refined_by: int = Field(default=0, ge=0, description="Measured peaks of this workload, device and configuration that "
-                            "refined total_bytes, fits and the largest batch (count; 0: the estimator alone).")
+    refined_by: int = Field(default=0, ge=0, description="Measured peaks of this workload, device and configuration "
+                            "that refined total_bytes, fits and the largest batch (count; 0: the estimator alone).")
     num_params: int
     flops_per_step: int = Field(description="Forward+backward FLOPs of one micro-batch step.")
     predicted_step_s: float | None = Field(default=None, description="Roofline time of one step (s).")
     predicted_samples_per_s: float | None = None
     notes: list[str] = Field(default_factory=list)
     seconds: float = Field(description="Wall time the estimate took (s).")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One estimate's inputs, resolved: what the estimator's stages share."""
+
+    workload: Workload | str  # as given: a name or file.py:build runs in a fresh process, an object cannot
+    workload_args: dict[str, Any] | None
+    wl: Workload
+    hw: HardwareSpec
+    req: EstimateRequest  # its batch_size named
+    options: EstimateOptions
+    fingerprint: Callable[[], str]  # the workload's; it builds the model on meta, so cached
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The evaluator at the request and what fitted it: measured peaks `points`, a calibration's real runs
+    (`calibrated`), and `record`, which keeps later real runs as measured peaks."""
+
+    ev: Evaluator
+    points: list[Run]
+    calibrated: bool = False
+    record: Callable[[tuple[Run, ...]], None] | None = None

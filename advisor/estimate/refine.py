@@ -16,14 +16,14 @@ and the memory that holds them grow linearly), so `refine`:
   (allocator retention, workspaces), which barely depends on the batch. A scale would also
   multiply the exactly known parameter and optimizer-state bytes.
 
-CPU (the resident set: identical runs differ by up to ~10% here). One measured peak is one more
+CPU (the resident set: identical runs differ by up to ~10%). One measured peak is one more
 run of the resident-set model the estimator already fits (resident = persistent + slope x
-transient + intercept, overhead.py), not a truth to move the whole curve to: shifting the curve by
+transient + intercept, resident/overhead.py), not a truth to move the whole curve to: shifting the curve by
 one run's residual carries its noise, and an error found at batch A, to every batch, where neither
 is the same (the resident set is convex in the batch, and glibc maps large allocations on their
 own). So measured resident sets join the calibration's runs in its fit, each weighing like one of
 them, the slope drawn toward the default's by how little their span says
-(calibrate.with_measured_peaks); without calibration runs they fix the intercept under the
+(resident.fit.with_measured_peaks); without calibration runs they fix the intercept under the
 default's slope (one point) or fit both (points spanning more than their noise). Such a fit says
 little about the slope far from the points, so the largest batch of an uncalibrated estimate is
 also solved with the slope CAUTION posterior SDs steeper, pivoting on the points (`cautious`), and
@@ -37,8 +37,9 @@ from typing import Callable
 
 import numpy as np
 
-from advisor.estimate.calibrate import RUN_NOISE, Run, slope_precision
-from advisor.estimate.overhead import CpuCalibration
+from advisor.estimate.resident.calibration import RUN_NOISE, Run
+from advisor.estimate.resident.fit import slope_precision
+from advisor.estimate.resident.overhead import CpuCalibration
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class Refinement:
     def note(self) -> str:
         n = f"refined by {self.points} measured peak(s) at batch size(s) {', '.join(map(str, self.batches))}"
         if self.affine:
-            return f"{n}: total = {self.intercept / 2**20:.0f} MiB + {self.slope / 2**20:.2f} MiB x batch (least squares)"
+            return (f"{n}: total = {self.intercept / 2**20:.0f} MiB + {self.slope / 2**20:.2f} MiB x batch "
+                    "(least squares)")
         why = "" if self.refused_slope is None else (
             f"; their fitted slope {self.refused_slope / 2**20:.2f} MiB/sample is negative (noise), so refused")
         return f"{n}: the estimate shifted by {self.shift / 2**20:+.0f} MiB{why}"
@@ -92,25 +94,25 @@ def refine(points: list[tuple[int, int]], predicted: Callable[[int], int]) -> Re
 def resident_note(points: list[Run], calib: CpuCalibration, calibrated: bool) -> str:
     """What measured resident sets did to a CPU estimate, in one line."""
     batches = ", ".join(map(str, sorted({b for b, *_ in points})))
-    how = "joined the calibration runs in the resident-set fit" if calibrated else "fitted under the default slope's prior"
+    how = ("joined the calibration runs in the resident-set fit" if calibrated
+           else "fitted under the default slope's prior")
     return (f"refined by {len(points)} measured peak(s) at batch size(s) {batches}, {how}: {calib.formula()} "
             f"(runs within {calib.spread / 2**20:.0f} MiB of it)")
 
 
-# Posterior SDs of the slope the cautious largest batch adds. One (slope 1.50 from one point) left
-# resnet18 (64 px) above its real largest batch under 1.5 GB here (421 against a measured 405 that
-# fits and 421 that does not; bench/BENCHMARKS.calibration.md): the uncalibrated model has no term
-# for kernels' own buffers (oneDNN), which grow with the batch and which a calibration's alloc run
-# measures, so its effective slope spreads wider than calibrated slopes (0.5-1.5) do.
+# Posterior SDs of the slope the cautious largest batch adds: the uncalibrated model has no term for kernels'
+# own buffers (oneDNN), which grow with the batch and which a calibration's alloc run measures, so its effective
+# slope spreads wider than calibrated slopes (0.5-1.5) do; one SD leaves resnet18 (64 px) above its real largest
+# batch under 1.5 GB. Evidence: bench/calibration_accuracy.py, bench/results/calibration.json
 CAUTION = 2.0
 
 
 def cautious(calib: CpuCalibration, transient: list[int], resident: list[int]) -> CpuCalibration:
     """`calib` (fitted on runs at these transient peaks and resident sets, bytes) tilted CAUTION
     posterior SDs of its slope steeper about the runs' mean transient, so it still passes through them
-    there. The SD is the posterior of calibrate._fit's prior (calibrate.slope_precision), with the
+    there. The SD is the posterior of fit.fit_line's prior (fit.slope_precision), with the
     runs' noise taken as the larger of RUN_NOISE of their resident set and the fit's spread (its
-    largest residual, where _fit uses their RMS: the wider of the two): one point gives the prior's
+    largest residual, where fit_line uses their RMS: the wider of the two): one point gives the prior's
     0.35, points spanning far past their noise almost nothing."""
     x = np.asarray(transient, float)
     noise = max(RUN_NOISE * float(np.median(resident)), calib.spread, 1.0)

@@ -22,8 +22,8 @@ def peak_flops(hw: HardwareSpec, precision: Precision) -> float:
            Precision.fp16: "fp16"}[precision]
     peaks = hw.accelerator.peak_tflops
     if key == "fp16" and not peaks.get(key) and not hw.accelerator.supports_fp16:
-        # fp32's peak is no stand-in here: a Zen 4 without AVX512-FP16 (session 55) ran an fp16 (2048, 768) x
-        # (768, 3072) product in 10.4 s, 0.9 GFLOP/s, about 1/180 of its fp32 peak (bf16's took 0.03 s)
+        # fp32's peak is no stand-in: on a CPU without AVX512-FP16 (a Zen 4) an fp16 (2048, 768) x (768, 3072)
+        # product runs at 0.9 GFLOP/s (10.4 s), about 1/180 of its fp32 peak (bf16's takes 0.03 s)
         raise ValueError(f"{hw.accelerator.name} has no fp16 peak: fp16 is not a training path it supports, and its "
                          "fp32 peak says nothing of its fp16 products (a Zen 4's ran at 1/180 of it)")
     tflops = peaks.get(key) or peaks.get("fp32")

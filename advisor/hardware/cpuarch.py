@@ -90,8 +90,8 @@ def x86_core(vendor: str, family: int | None, model: int | None, model_name: str
     if vendor == "GenuineIntel" and family == 6:
         if "amx_tile" in flags:
             # AMX exists only on Xeon server cores from Sapphire Rapids on (Intel SDM vol. 1, ch. 18), all
-            # with two 512-bit FMA units. A hypervisor may report another model number: a 2026-11-24 VM
-            # said model 0xA7 (Rocket Lake, a client core with one) beside amx_tile and avx512_fp16.
+            # with two 512-bit FMA units. A hypervisor may report another model number, e.g. 0xA7 (Rocket
+            # Lake, a client core with one) beside amx_tile and avx512_fp16.
             return _SAPPHIRE_RAPIDS
         core = _INTEL_FAMILY6.get(model)
         if core is _SKYLAKE_SP and _ONE_FMA_SKYLAKE_SP.search(model_name.lower()):

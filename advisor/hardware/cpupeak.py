@@ -137,7 +137,8 @@ def _identity(fields: dict[str, str], flags: frozenset[str]) -> tuple[str, str, 
         named = f"Arm {core.name}" if core else f"{vendor} part {fields.get('CPU part', 'unknown')}"
         return fields.get("model name") or named, vendor, None, part, core
     name = fields.get("model name") or "unknown"
-    vendor, family, model = fields.get("vendor_id") or "unknown", _int(fields.get("cpu family")), _int(fields.get("model"))
+    vendor = fields.get("vendor_id") or "unknown"
+    family, model = _int(fields.get("cpu family")), _int(fields.get("model"))
     return name, vendor, family, model, x86_core(vendor, family, model, name, flags)
 
 

@@ -17,8 +17,10 @@ class CpuSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model_name: str = Field(description="CPU model as /proc/cpuinfo names it (on Arm, built from implementer and part).")
-    vendor: str = Field(description="x86 vendor_id ('GenuineIntel', 'AuthenticAMD'), 'arm:<implementer>', or 'unknown'.")
+    model_name: str = Field(
+        description="CPU model as /proc/cpuinfo names it (on Arm, built from implementer and part).")
+    vendor: str = Field(
+        description="x86 vendor_id ('GenuineIntel', 'AuthenticAMD'), 'arm:<implementer>', or 'unknown'.")
     family: int | None = Field(default=None, description="x86 'cpu family'; None on Arm.")
     model: int | None = Field(default=None, description="x86 'model', or the Arm 'CPU part' number.")
     microarchitecture: str = Field(description="Core family the per-cycle figures are taken for, e.g. 'zen4'; "

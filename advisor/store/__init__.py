@@ -6,8 +6,17 @@ from __future__ import annotations
 
 from advisor.store.base import ResultStore
 from advisor.store.fingerprints import config_hash, hardware_fingerprint, software_fingerprint, software_versions
-from advisor.store.records import (BestRecord, Claim, Objective, ObjectiveMetric, RecordStatus, StudyRecord, StudySpec,
-                                   TrialQuery, TrialRecord)
+from advisor.store.records import (
+    BestRecord,
+    Claim,
+    Objective,
+    ObjectiveMetric,
+    RecordStatus,
+    StudyRecord,
+    StudySpec,
+    TrialQuery,
+    TrialRecord,
+)
 
 __all__ = ["BestRecord", "Claim", "Objective", "ObjectiveMetric", "RecordStatus", "ResultStore", "StudyRecord",
            "StudySpec", "TrialQuery", "TrialRecord", "config_hash", "hardware_fingerprint", "open_store",

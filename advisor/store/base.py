@@ -6,10 +6,19 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from advisor.store.records import (MAX_ATTEMPTS, MEASURED, BestRecord, Claim, Objective, RecordStatus, StudyRecord,
-                                   StudySpec, TrialQuery, TrialRecord)
-from probes.config import TrainingConfig
-from probes.result import TrialResult
+from advisor.store.records import (
+    MAX_ATTEMPTS,
+    MEASURED,
+    BestRecord,
+    Claim,
+    Objective,
+    RecordStatus,
+    StudyRecord,
+    StudySpec,
+    TrialQuery,
+    TrialRecord,
+)
+from advisor.trial import TrainingConfig, TrialResult
 
 
 def outcome_columns(result: TrialResult) -> dict[str, Any]:

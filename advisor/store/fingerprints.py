@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from advisor.hardware.spec import HardwareSpec
-    from probes.config import TrainingConfig
+    from advisor.trial import TrainingConfig
 
 
 def _digest(obj: Any) -> str:

@@ -6,15 +6,29 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, MetaData,
-                        String, Text, UniqueConstraint)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from advisor.store.records import JOB_STATUSES, STUDY_STATUSES, TRIAL_STATUSES
 
 # Named constraints, so migrations can address them on every backend (SQLite batch mode included).
 NAMING = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
-          "ck": "ck_%(table_name)s_%(constraint_name)s", "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+          "ck": "ck_%(table_name)s_%(constraint_name)s",
+          "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
           "pk": "pk_%(table_name)s"}
 FP = String(64)  # a sha256 hex digest (or a caller's fingerprint of at most 64 characters)
 

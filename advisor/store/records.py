@@ -8,8 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from probes.config import TrainingConfig
-from probes.result import TrialResult, TrialStatus
+from advisor.trial import TrainingConfig, TrialResult, TrialStatus
 
 
 class RecordStatus(str, Enum):

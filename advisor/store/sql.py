@@ -20,9 +20,18 @@ from advisor.store.engine import describe, guarded, make_engine, resolve_url
 from advisor.store.fingerprints import config_hash, software_fingerprint
 from advisor.store.migrate import ensure_schema
 from advisor.store.models import BestRow, HardwareRow, StudyRow, TrialRow, WorkloadRow
-from advisor.store.records import (MAX_ATTEMPTS, BestRecord, Claim, Objective, RecordStatus, StudyRecord, StudySpec,
-                                   TrialQuery, TrialRecord)
-from probes.config import TrainingConfig
+from advisor.store.records import (
+    MAX_ATTEMPTS,
+    BestRecord,
+    Claim,
+    Objective,
+    RecordStatus,
+    StudyRecord,
+    StudySpec,
+    TrialQuery,
+    TrialRecord,
+)
+from advisor.trial import TrainingConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 _TRIAL_VIEW = (TrialRow, StudyRow.name, StudyRow.workload_fp, StudyRow.hardware_fp, WorkloadRow.name, HardwareRow.name)
@@ -133,7 +142,8 @@ class SqlResultStore(ResultStore):
         return study
 
     def _insert_key_rows(self, spec: StudySpec) -> None:
-        rows = ((HardwareRow, {"fingerprint": spec.hardware_fp, "name": spec.hardware_name, "spec": spec.hardware_spec}),
+        rows = ((HardwareRow, {"fingerprint": spec.hardware_fp, "name": spec.hardware_name,
+                               "spec": spec.hardware_spec}),
                 (WorkloadRow, {"fingerprint": spec.workload_fp, "name": spec.workload_name,
                                "description": spec.workload_description}))
         for model, values in rows:
@@ -156,7 +166,8 @@ class SqlResultStore(ResultStore):
             total = conn.execute(select(func.count()).select_from(StudyRow)).scalar_one()
         return self._studies(None, limit=limit, offset=offset, newest_first=True), total
 
-    def _studies(self, where: Any, *, limit: int | None, offset: int = 0, newest_first: bool = False) -> list[StudyRecord]:
+    def _studies(self, where: Any, *, limit: int | None, offset: int = 0,
+                 newest_first: bool = False) -> list[StudyRecord]:
         stmt = (select(StudyRow, WorkloadRow.name, HardwareRow.name)
                 .join(WorkloadRow, StudyRow.workload_fp == WorkloadRow.fingerprint)
                 .join(HardwareRow, StudyRow.hardware_fp == HardwareRow.fingerprint)
@@ -215,7 +226,8 @@ class SqlResultStore(ResultStore):
                     started_at=_now()).returning(TrialRow.id)).scalar_one()
         except IntegrityError:
             return None
-        return Claim(trial_id=trial_id, study_id=study_id, config=config, config_hash=h, attempt=attempt, owner=self.owner)
+        return Claim(trial_id=trial_id, study_id=study_id, config=config, config_hash=h, attempt=attempt,
+                     owner=self.owner)
 
     @_db
     def _finish(self, claim: Claim, columns: dict[str, Any], estimate: dict[str, Any] | None) -> TrialRecord:
@@ -241,7 +253,8 @@ class SqlResultStore(ResultStore):
                 TrialRow.study_id == study_id, TrialRow.status == RecordStatus.running.value)).all()
             gone = [r.id for r in running if r.owner != self.owner and (all_owners or owner_gone(r.owner))]
             if gone:
-                conn.execute(update(TrialRow).where(TrialRow.id.in_(gone), TrialRow.status == RecordStatus.running.value)
+                conn.execute(update(TrialRow).where(TrialRow.id.in_(gone),
+                                                    TrialRow.status == RecordStatus.running.value)
                              .values(status=RecordStatus.interrupted.value, finished_at=_now(),
                                      error="interrupted: the process measuring it ended before it finished"))
         return len(gone)

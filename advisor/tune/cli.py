@@ -13,7 +13,8 @@ def add_parser(sub: argparse._SubParsersAction, add_workload_args, positive_int)
     p = sub.add_parser("tune", help="search the knobs with measured trials (Optuna through Ray Tune); resumable")
     add_workload_args(p)
     p.add_argument("--space", default="quick", help="search space: quick, default, exhaustive, tiny, or a YAML file")
-    p.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE", help="hold a knob at one value; repeatable")
+    p.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
+                   help="hold a knob at one value; repeatable")
     p.add_argument("--trials", type=positive_int, default=20, help="distinct configurations in the study (default 20)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S", help="stop starting trials after S seconds")
     p.add_argument("--patience", type=positive_int, default=None, metavar="K",
@@ -30,12 +31,13 @@ def add_parser(sub: argparse._SubParsersAction, add_workload_args, positive_int)
     p.add_argument("--db", default=None, help="database URL (default: SQLite in the data dir; ADVISOR_DATABASE_URL)")
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start one locally)")
     p.add_argument("--remeasure", action="store_true", help="measure again what the store already has")
-    p.add_argument("--min-time", type=float, default=2.0, metavar="S", help="seconds timed per trial at least (default 2)")
+    p.add_argument("--min-time", type=float, default=2.0, metavar="S",
+                   help="seconds timed per trial at least (default 2)")
     p.add_argument("--min-steps", type=positive_int, default=5, help="timed steps per trial at least (default 5)")
     p.add_argument("--trial-timeout", type=float, default=300.0, metavar="S", help="a trial is killed after S seconds")
     p.add_argument("--settle", type=float, default=5.0, metavar="S",
-                   help="wait up to S seconds before each trial for the machine to go quiet (default 5; 0: start at once, "
-                        "on a machine you know is busy and accept figures that may be low)")
+                   help="wait up to S seconds before each trial for the machine to go quiet (default 5; 0: start at "
+                        "once, on a machine you know is busy and accept figures that may be low)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -43,9 +45,9 @@ def _request(args: argparse.Namespace):
     from pydantic import ValidationError
 
     from advisor.errors import invalid_input
+    from advisor.trial import TrialBudget
     from advisor.tune.request import TuneRequest
     from advisor.workload import parse_workload_args
-    from probes.config import TrialBudget
     from search_spaces import parse_fixes
 
     try:
@@ -58,13 +60,14 @@ def _request(args: argparse.Namespace):
                            study=args.study, db=args.db, ray_address=args.ray_address, remeasure=args.remeasure,
                            trial_budget=budget)
     except ValidationError as exc:
-        raise invalid_input(exc, {"min_time_s": "--min-time", "timeout_s": "--trial-timeout", "settle_s": "--settle"}) from exc
+        raise invalid_input(exc, {"min_time_s": "--min-time", "timeout_s": "--trial-timeout",
+                                  "settle_s": "--settle"}) from exc
 
 
 def _describe(config_json: str | None) -> str:
     if not config_json:
         return "(no configuration)"
-    from probes.config import TrainingConfig
+    from advisor.trial import TrainingConfig
 
     changes = TrainingConfig.model_validate_json(config_json).changes()
     return ", ".join(f"{k}={v}" for k, v in changes.items()) or "defaults"

@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 from advisor.errors import SpecError
 from advisor.store.records import Objective, RecordStatus, StudySpec
+from advisor.trial import TrainingConfig
 from advisor.tune.request import TuneRequest
 from advisor.tune.summary import TuneSummary, summarize_study
 from advisor.tune.trainable import StudyContext, ray_trainable
-from probes.config import TrainingConfig
 
 log = logging.getLogger(__name__)
 RAY_TEMP_MAX = 48  # characters: Ray appends ~60 (session_<date>_<pid>/sockets/plasma_store)
@@ -120,10 +120,9 @@ def _complete_indexes(engine) -> None:  # noqa: ANN001 - a SQLAlchemy Engine
     first open killed between a CREATE TABLE and its CREATE INDEX leaves `studies` without its unique index
     on study_name, and later opens skip an existing table whole: every create_study(load_if_exists=True)
     then adds another study of that name, until a lookup finds two (MultipleResultsFound). A job's process
-    dies with its worker (api/jobs.py), and the restart test's worker, killed as the first trial ended, took
-    the job with it while it opened Optuna's storage (session 34's CI; session 32's failure ended in the same
-    Optuna commit error). A store torn before this mend and used since holds studies of one name twice: they
-    are told apart first (`_rename_duplicate_studies`)."""
+    dies with its worker (api/jobs.py), so a worker killed while a job opens Optuna's storage tears it so.
+    A torn store used since holds studies of one name twice: they are told apart first
+    (`_rename_duplicate_studies`)."""
     import sqlalchemy as sa
     from optuna.storages._rdb import models  # Optuna's own table definitions (no public handle on them)
 
@@ -162,8 +161,8 @@ def _rename_duplicate_studies(engine, models) -> None:  # noqa: ANN001 - a SQLAl
 # A RUNNING Optuna trial without an owner is stale only once it is this old (s): a live tuner names
 # itself first thing after asking (DefineByRun), but another tuner reading the trials in between,
 # then failing the trial as the first writes its first knobs, leaves a finished trial with part of
-# a configuration, and Optuna's brute-force sampler refuses such a study ("param_name mismatch":
-# two tuners on one PostgreSQL study, a CI run of session 16).
+# a configuration, and Optuna's brute-force sampler refuses such a study ("param_name mismatch"
+# with two tuners on one PostgreSQL study).
 OWNERLESS_GRACE_S = 120.0
 
 
@@ -254,11 +253,10 @@ def _ray_env() -> None:
     # next to trials that take seconds to minutes, so the warning would only be noise.
     os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "30")
     # Ray starts its workers at niceness 15, and the trials (the fork server, its ranks, their
-    # DataLoader workers) inherit it: any other work on the host then takes the CPU first. On a busy
-    # 2-vCPU VM a trial's estimate took 34 s at 15 against 3.4 s at 0 (2 s of CPU either way); the
-    # timed steps, spoilt by other load at either niceness, scattered more at 15 (bench/tune_load.py).
-    # A trial measures the machine, so it runs at the driver's niceness; read by the raylet this
-    # process starts (a joined cluster's nodes need it set where they start).
+    # DataLoader workers) inherit it: any other work on the host then takes the CPU first. A trial
+    # measures the machine, so it runs at the driver's niceness; read by the raylet this process starts
+    # (a joined cluster's nodes need it set where they start). Evidence: bench/tune_load.py,
+    # bench/results/tune-load.md.
     os.environ.setdefault("RAY_worker_niceness", "0")
 
 
@@ -410,7 +408,8 @@ def _optuna_search(req: TuneRequest, space, context, ctx: StudyContext, study, s
     from ray.tune.search.optuna import OptunaSearch
 
     multi = len(ctx.objective.metrics) > 1
-    return OptunaSearch(space=DefineByRun(space, context, ctx.owner), metric=["objective", "memory"] if multi else "objective",
+    return OptunaSearch(space=DefineByRun(space, context, ctx.owner),
+                        metric=["objective", "memory"] if multi else "objective",
                         mode=["max", "min"] if multi else "max", sampler=_sampler(req),
                         study_name=study.optuna_study_name, storage=storage)  # the sampler carries the seed
 

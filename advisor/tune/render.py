@@ -21,7 +21,8 @@ def summary_table(s: TuneSummary) -> None:
         console = Console(width=160)  # piped: wide enough that the knobs column is not cut
     unit = "tokens/s" if s.metric == "tokens_per_s" else "samples/s"
     rows = s.pareto or s.top
-    title = f"study {s.study_name} (id {s.study_id}): " + ("Pareto front, throughput vs memory" if s.pareto else "top configurations")
+    shown = "Pareto front, throughput vs memory" if s.pareto else "top configurations"
+    title = f"study {s.study_name} (id {s.study_id}): {shown}"
     table = Table(title=title)
     for col, justify in (("#", "right"), ("trial", "right"), (unit, "right"), ("vs baseline", "right"),
                          ("peak memory", "right"), ("bottleneck", "left"), ("knobs (changed from defaults)", "left")):
@@ -47,4 +48,5 @@ def summary_table(s: TuneSummary) -> None:
     if s.stats.get("stopped_because"):
         console.print(f"stopped: {s.stats['stopped_because']}")
     if s.best is not None:
-        console.print(f"export the best: advisor results export --trial {s.best.record.id} --format python|json|torchrun")
+        console.print(f"export the best: advisor results export --trial {s.best.record.id} "
+                      "--format python|json|torchrun")

@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from probes.config import TrialBudget
+from advisor.trial import TrialBudget
 
 # tpe: screen each knob against the baseline, combine the winners, then TPE (advisor/tune/screening.py);
 # tpe-plain: Optuna's TPE alone.
@@ -33,11 +33,15 @@ class TuneRequest(BaseModel):
     space: str = Field(default="quick", description="A search-space preset name or a YAML file.")
     fixes: dict[str, Any] = Field(default_factory=dict, description="Knobs held at one value (--fix).")
     objective: Literal["throughput", "throughput,memory"] = "throughput"
-    global_batch_size: int | None = Field(default=None, gt=0, description="Samples per optimizer step, kept by grad_accum.")
-    sampler: Sampler | None = Field(default=None, description="None: TPE, NSGA-II for two objectives, brute force for 'exhaustive'.")
-    trials: int = Field(default=20, gt=0, description="Distinct configurations to measure in the study, baseline included.")
+    global_batch_size: int | None = Field(default=None, gt=0,
+                                          description="Samples per optimizer step, kept by grad_accum.")
+    sampler: Sampler | None = Field(default=None,
+                                    description="None: TPE, NSGA-II for two objectives, brute force for 'exhaustive'.")
+    trials: int = Field(default=20, gt=0,
+                        description="Distinct configurations to measure in the study, baseline included.")
     time_budget_s: float | None = Field(default=None, gt=0, description="Stop starting trials after this long (s).")
-    patience: int | None = Field(default=None, gt=0, description="Stop after this many measured trials without a better one.")
+    patience: int | None = Field(default=None, gt=0,
+                                 description="Stop after this many measured trials without a better one.")
     seed: int = 0
     study: str | None = Field(default=None, description="Study name; default derived from the search's inputs.")
     db: str | None = Field(default=None, description="Database URL; default the settings' database_url.")

@@ -1,17 +1,12 @@
 """The tuner's opening moves: screen each knob against the baseline, combine the winners, then TPE.
 
-A budget of a quarter of a small grid leaves TPE a handful of trials, most of them its random
-start-up draws, so on its own it is random search. Training knobs mostly act on throughput one
-at a time (bf16 speeds the matmuls whatever the batch; workers feed the step whatever the
-precision), which a two-level screen measures cheaply: from the reference configuration (the
-baseline, always measured first) change one knob to its farthest value, one trial per knob, in
-the order knobs usually matter; then measure the reference with every change that beat it. TPE
-(or any base sampler) has all of those trials to learn from and takes over for the rest of the
-budget, so interactions the screen misses are still searched.
-
-`ScreeningSampler` is an Optuna sampler: Ray Tune's OptunaSearch asks it as it asks any other.
-The reference enters the Optuna study as a finished trial (`add_reference`), so a resumed study
-screens from the same point, and the knobs already screened are not screened again.
+A small budget leaves TPE a handful of mostly random start-up draws. Training knobs mostly act on
+throughput one at a time (bf16 speeds the matmuls whatever the batch; workers feed the step whatever
+the precision), so a two-level screen measures them cheaply: from the reference (the baseline, always
+measured first) change one knob to its farthest value, one trial per knob, then measure the reference
+with every change that beat it. TPE learns from all of those trials and searches the interactions the
+screen misses. The reference enters the Optuna study as a finished trial (`add_reference`), so a
+resumed study screens from the same point and does not screen a knob twice.
 """
 
 from __future__ import annotations
@@ -101,7 +96,8 @@ class ScreeningSampler(BaseSampler):
         base_value = ref.values[0]
         winners: dict[str, Any] = {}
         for knob, other in screens:
-            done = [t for t in live if t.state == TrialState.COMPLETE and _matches(t.params, {**ref.params, knob: other})]
+            changed = {**ref.params, knob: other}
+            done = [t for t in live if t.state == TrialState.COMPLETE and _matches(t.params, changed)]
             if done and done[0].values and done[0].values[0] > base_value:
                 winners[knob] = other
         if len(winners) < 2:  # none or one: nothing new to combine (that one is measured)
@@ -166,7 +162,7 @@ def contains(distribution: BaseDistribution, value: Any) -> bool:
 
 
 def _config_default(knob: str) -> Any:
-    from probes.config import TrainingConfig
+    from advisor.trial import TrainingConfig
 
     if knob in OPENED_DEFAULTS:
         return OPENED_DEFAULTS[knob]

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.store.records import RecordStatus, TrialRecord
-from probes.config import TrainingConfig
+from advisor.trial import TrainingConfig
 
 
 class RankedTrial(BaseModel):

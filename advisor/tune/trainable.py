@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.store.records import Objective, RecordStatus, TrialQuery, TrialRecord
+from advisor.trial import TrainingConfig
 from advisor.tune.request import TuneRequest
-from probes.config import TrainingConfig
 
 log = logging.getLogger(__name__)
 MEMORY_PENALTY = 1e18  # bytes reported for a trial that measured nothing, in the two-objective search
@@ -108,7 +108,7 @@ def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRe
 def evaluate(ctx: StudyContext, config_json: str | None) -> dict[str, Any]:
     """Claim, reuse, prune or measure one configuration; the metrics to report."""
     from advisor.store import config_hash
-    from probes.result import TrialResult, TrialStatus
+    from advisor.trial import TrialResult, TrialStatus
 
     if config_json is None:  # the draw cannot reach the global batch size: nothing to run
         return _nothing(ctx, "invalid")
@@ -119,8 +119,8 @@ def evaluate(ctx: StudyContext, config_json: str | None) -> dict[str, Any]:
         rec = _wait_for(store, ctx, key)
         # a repeat within the study: not a new configuration, so the budget must not count it
         return {**metrics_of(rec, ctx, reused=True), "duplicate": True} if rec else _nothing(ctx, "error")
-    prev = None if ctx.request.remeasure else store.find_measured(ctx.workload_fp, ctx.hardware_fp, ctx.software_fp, key,
-                                                                  timeout_s=ctx.request.trial_budget.timeout_s)
+    prev = None if ctx.request.remeasure else store.find_measured(
+        ctx.workload_fp, ctx.hardware_fp, ctx.software_fp, key, timeout_s=ctx.request.trial_budget.timeout_s)
     try:
         if prev is not None and prev.result is not None:
             rec = store.finish_trial(claim, prev.result, estimate=prev.estimate)
@@ -130,8 +130,8 @@ def evaluate(ctx: StudyContext, config_json: str | None) -> dict[str, Any]:
         return metrics_of(_measure(store, ctx, claim, config), ctx, reused=False)
     except Exception as exc:  # noqa: BLE001 - a bug of ours in one trial is that trial's error, not the study's end
         log.exception("trial failed inside the tuner")
-        failed = TrialResult(status=TrialStatus.error, error=f"{type(exc).__name__}: {exc}", workload=ctx.request.workload,
-                             hardware=ctx.request.hardware, config=config)
+        failed = TrialResult(status=TrialStatus.error, error=f"{type(exc).__name__}: {exc}",
+                             workload=ctx.request.workload, hardware=ctx.request.hardware, config=config)
         return metrics_of(store.finish_trial(claim, failed), ctx, reused=False)
 
 

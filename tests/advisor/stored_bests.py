@@ -8,9 +8,8 @@ from typing import Any
 from advisor.fingerprint import workload_fingerprint
 from advisor.hardware import get_hardware
 from advisor.store import Objective, StudySpec, TrialRecord, hardware_fingerprint, open_store, software_versions
+from advisor.trial import PeakMemory, StepTimes, TrainingConfig, TrialResult, TrialStatus
 from advisor.workload import load_workload
-from probes.config import TrainingConfig
-from probes.result import PeakMemory, StepTimes, TrialResult, TrialStatus
 
 THROUGHPUT = Objective.parse("samples_per_s:maximize")
 # tiny-gpt2 with a dataset large enough that it never caps the batch (the fingerprint ignores it)
@@ -24,7 +23,8 @@ def ok_result(config: TrainingConfig, workload: str, hardware: str, samples_per_
                        samples_per_s=samples_per_s,
                        tokens_per_s=samples_per_s * tokens_per_sample if tokens_per_sample else None,
                        step_time_s=StepTimes(p50=step, p90=1.1 * step, mean=1.05 * step), data_wait_fraction=0.01,
-                       peak_memory_bytes=peak, peak_memory=PeakMemory(cuda_reserved_bytes=peak), predicts="cuda_reserved",
+                       peak_memory_bytes=peak, peak_memory=PeakMemory(cuda_reserved_bytes=peak),
+                       predicts="cuda_reserved",
                        measured_steps=20, wall_s=30.0, measured_s=5.0, warmup_s=2.0)
 
 

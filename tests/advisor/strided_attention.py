@@ -3,8 +3,8 @@ positions), as diffusion U-Nets write it, so softmax's backward receives the tra
 the product after it and its CPU kernel copies that gradient to a contiguous buffer inside itself."""
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from advisor import Workload
 

@@ -94,10 +94,11 @@ def test_a_cuda_targets_trace_keeps_softmax_probabilities_in_fp32():
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_a_cuda_estimate_traces_under_cudas_rules(precision):
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     spec = f"{HERE / 'strided_attention.py'}:build"
-    gpu = estimate_memory(spec, "h100-sxm", 2, precision=precision, measured=False)
+    gpu = estimate_memory(spec, "h100-sxm", EstimateRequest(batch_size=2, precision=precision),
+                          EstimateOptions(measured=False))
     plain = trace_training(load_workload(spec), 2, precision=Precision(precision), optimizer=OptimizerKind.adamw,
                            count_flops=False, optimizer_impl="foreach")
     workspaces = sum(n for _, n in library_workspaces("h100-sxm", plain.cublas_at, plain.cublas_threads))

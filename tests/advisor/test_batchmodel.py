@@ -13,7 +13,7 @@ import torch
 from advisor.config import OptimizerKind, Precision
 from advisor.estimate.batchmodel import BatchModel
 from advisor.estimate.cuda_alloc import simulate_cuda
-from advisor.estimate.estimator import real_traces_note
+from advisor.estimate.resident.measured import real_traces_note
 from advisor.estimate.trace import trace_training
 from advisor.workload import load_workload
 
@@ -87,33 +87,34 @@ def test_a_data_dependent_graphs_peak_moves_between_phases_and_is_followed_there
 
 
 def test_largest_batch_does_not_depend_on_the_batch_asked_about():
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.hardware import get_hardware
 
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": 2 << 30})
-    got = {b: estimate_memory("tiny-bert", hw, b, precision="bf16", calibrate=False, measured=False,
+    got = {b: estimate_memory("tiny-bert", hw, EstimateRequest(batch_size=b, precision="bf16"),
+                              EstimateOptions(calibrate=False, measured=False),
                               workload_args={"seq_len": 512}).max_batch_size for b in (2, 16)}
     assert got[2] == got[16] > 16
 
 
 def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_trace_fits(monkeypatch):
-    # Where this CPU's bf16 matrix products hold scratch inside oneDNN (trace._half_product), the scratch is not
-    # affine in the batch: an AMX Xeon's answer above was 146 at one batch asked about and 149 at the other
-    # (session 54). There the answer is searched again on exact traces: one whose own trace fits, where the next
+    # Where this CPU's bf16 matrix products hold scratch inside oneDNN (scratch_cpu.is_half_product), the scratch is not
+    # affine in the batch: on an AMX Xeon the answer above is 146 at one batch asked about and 149 at the other.
+    # There the answer is searched again on exact traces: one whose own trace fits, where the next
     # batch's does not. The trace probes a dtype's products where its buffer is at least half the output, as on
-    # AMX (trace.PRODUCT_SCRATCH_SHARE); any buffer at all here, so that the search runs on a CPU whose products
+    # AMX (scratch_cpu.PRODUCT_SCRATCH_SHARE); any buffer at all here, so that the search runs on a CPU whose products
     # hold a little (a Zen 4's 26 KiB beside 512 KiB).
-    from advisor.estimate import estimate_memory, trace
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory, scratch_cpu
     from advisor.hardware import get_hardware
 
     if not _half_products_hold_scratch(torch.bfloat16, share=0.0):
         pytest.skip("this CPU's bf16 matrix products hold nothing beside their output: no scratch to search on")
-    monkeypatch.setattr(trace, "PRODUCT_SCRATCH_SHARE", 0.0)
+    monkeypatch.setattr(scratch_cpu, "PRODUCT_SCRATCH_SHARE", 0.0)
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": 2 << 30})
 
     def at(b: int):
-        return estimate_memory("tiny-bert", hw, b, precision="bf16", calibrate=False, measured=False,
-                               workload_args={"seq_len": 512})
+        return estimate_memory("tiny-bert", hw, EstimateRequest(batch_size=b, precision="bf16"),
+                               EstimateOptions(calibrate=False, measured=False), workload_args={"seq_len": 512})
 
     asked = {b: at(b) for b in (2, 16)}
     got = {b: e.max_batch_size for b, e in asked.items()}
@@ -124,9 +125,9 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
 
     # The tuner's pruning and a trial's prediction need only the request's own batch: two traces, not the search's
     # (up to 8 more, each probing every product), the same total, and a note that the largest batch is the line's.
-    from search_spaces import feasibility
-    from probes.config import TrainingConfig
     from advisor.estimate import estimator
+    from advisor.trial import TrainingConfig
+    from search_spaces import feasibility
 
     traced: list[int] = []
 
@@ -135,8 +136,9 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
         return trace_training(wl, b, **kw)
 
     monkeypatch.setattr(estimator, "trace_training", counted)
-    line = estimate_memory("tiny-bert", hw, 2, precision="bf16", calibrate=False, measured=False,
-                           workload_args={"seq_len": 512}, exact_largest=False)
+    line = estimate_memory("tiny-bert", hw, EstimateRequest(batch_size=2, precision="bf16"),
+                           EstimateOptions(calibrate=False, measured=False, exact_largest=False),
+                           workload_args={"seq_len": 512})
     assert sorted(traced) == [2, 4] and (line.total_bytes, line.fits) == (asked[2].total_bytes, asked[2].fits)
     assert any("not searched again on exact traces" in n for n in line.notes), line.notes
     traced.clear()
@@ -147,40 +149,44 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
 @pytest.mark.parametrize("share", [None, 0.0])
 def test_the_16_bit_products_of_a_dtype_that_holds_scratch_here_are_probed(share, monkeypatch):
     # a bf16 and an fp16 trace for this CPU: products counted as holding scratch where this CPU's products of that
-    # dtype hold a buffer of at least trace.PRODUCT_SCRATCH_SHARE of their output (the default, None, and any
+    # dtype hold a buffer of at least scratch_cpu.PRODUCT_SCRATCH_SHARE of their output (the default, None, and any
     # buffer, 0.0). The trace probes only those dtypes: a Zen 4's fp16 products hold nothing and run slowly, and
-    # probing them took gpt2-small b4's fp16 trace past ten minutes.
-    from advisor.estimate import trace
+    # probing them takes gpt2-small b4's fp16 trace past ten minutes.
+    from advisor.estimate import scratch_cpu
 
     if share is not None:
-        monkeypatch.setattr(trace, "PRODUCT_SCRATCH_SHARE", share)
+        monkeypatch.setattr(scratch_cpu, "PRODUCT_SCRATCH_SHARE", share)
     for precision, dtype in ((Precision.bf16, torch.bfloat16), (Precision.fp16, torch.float16)):
         tr = trace_training(load_workload("tiny-gpt2", {}), 4, precision=precision, optimizer=OptimizerKind.adamw,
                             cpu_workspaces=True, count_flops=False)
-        holds = _half_products_hold_scratch(dtype, share=trace.PRODUCT_SCRATCH_SHARE)
+        holds = _half_products_hold_scratch(dtype, share=scratch_cpu.PRODUCT_SCRATCH_SHARE)
         assert (tr.probed_products > 0) == holds, (precision, share, tr.probed_products)
 
 
 def _half_products_hold_scratch(dtype: torch.dtype, share: float) -> bool:
-    """Whether this CPU's 16-bit matrix product (a linear layer's input gradient's shape) allocates more than its
-    output through torch's allocator, by at least `share` of the output: oneDNN's float32 buffer of about the
-    output's size on a CPU with AMX, 26240 bytes beside 512 KiB in bf16 on a Zen 4 (session 55)."""
+    """Whether one of this CPU's 16-bit matrix products, a skinny one (a linear layer's input gradient) or a square
+    one, allocates more than its output through torch's allocator, by at least `share` of the output: an AMX CPU's
+    kernels hold buffers that grow with the product (its fp16 ones only beside the square product), a Zen 4's bf16
+    ones about 258 KiB whatever the product."""
     from torch.profiler import ProfilerActivity, profile
 
     from advisor.measure import memory_events
 
-    a, b = torch.zeros(32, 10, dtype=dtype), torch.zeros(10, 8192, dtype=dtype)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = torch.mm(a, b)
-        del out
-    extra = sum(n for n in memory_events(prof) if n > 0) - 32 * 8192 * dtype.itemsize
-    return extra > 0 and extra >= share * 32 * 8192 * dtype.itemsize
+    for m, k, n in ((32, 10, 8192), (512, 768, 768)):
+        a, b = torch.zeros(m, k, dtype=dtype), torch.zeros(k, n, dtype=dtype)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = torch.mm(a, b)
+            del out
+        extra = sum(x for x in memory_events(prof) if x > 0) - m * n * dtype.itemsize
+        if extra > 0 and extra >= share * m * n * dtype.itemsize:
+            return True
+    return False
 
 
 def test_a_trace_does_not_depend_on_what_the_process_ran_before():
-    # FakeTensorMode's dispatch cache rebuilt the LSTM backward's two bias gradients (one tensor from the
-    # kernel) as two on its second run of a shape, so the first trace in a process differed from later ones
-    # and, after other traces, two batch sizes' traces no longer matched (trace._aliased_as_the_kernel).
+    # FakeTensorMode's dispatch cache rebuilds the LSTM backward's two bias gradients (one tensor from the
+    # kernel) as two on its second run of a shape; uncorrected, the first trace in a process differs from later
+    # ones and, after other traces, two batch sizes' traces do not match (fake_ops.aliased_as_the_kernel).
     # Batch 5: a shape no other test traces, so the first of these two runs its ops uncached.
     first, again = (_trace("tiny-lstm", 5, Precision.fp32) for _ in range(2))
     assert np.array_equal(first.sizes, again.sizes)

@@ -1,4 +1,4 @@
-"""Calibrations kept across processes (advisor/estimate/calcache.py): what keys them, a round trip
+"""Calibrations kept across processes (advisor/estimate/resident/calcache.py): what keys them, a round trip
 with and without real traces, and a torn file ignored rather than trusted."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.config import OptimizerKind, Precision
-from advisor.estimate import calcache
 from advisor.estimate.batchmodel import BatchModel
-from advisor.estimate.calibrate import Calibration
+from advisor.estimate.resident import calcache
+from advisor.estimate.resident.calibration import Calibration
 from advisor.estimate.trace import trace_training
 from advisor.workload import load_workload
 
@@ -33,7 +33,8 @@ def test_the_key_follows_the_workload_the_request_and_the_estimators_sources() -
 def test_a_calibration_round_trips_with_its_real_traces(tmp_path) -> None:
     fake, real = _model(8), _model(4)
     kept = Calibration(intercept=1e8, slope=1.2, hidden_ratio=0.05, spread=3e6, batches=(2, 3, 4),
-                       used_real_traces=False, rss=((2, 300_000_000, 8 << 20), (3, 310_000_000, 12 << 20), (4, 322_000_000, None)))
+                       used_real_traces=False,
+                       rss=((2, 300_000_000, 8 << 20), (3, 310_000_000, 12 << 20), (4, 322_000_000, None)))
     calcache.save("k1", kept, fake, tmp_path)
     calib, bm = calcache.load("k1", fake, tmp_path)
     assert calib == kept and bm is fake  # the fake model is rebuilt by every estimate: not stored

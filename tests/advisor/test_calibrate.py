@@ -11,10 +11,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from advisor.estimate import estimate_memory
-from advisor.estimate.calibrate import SLOPE_PRIOR_MEAN, _fit, _trace_batches, calibration_batches
-from advisor.estimate.overhead import CpuCalibration
-from advisor.estimate.strategy import mmap_from
+from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
+from advisor.estimate.resident.calibrate import _trace_batches, calibration_batches
+from advisor.estimate.resident.fit import SLOPE_PRIOR_MEAN, fit_line
+from advisor.estimate.resident.overhead import CpuCalibration
+from advisor.estimate.resident.terms import mmap_from
 from advisor.estimate.stages import listening
 from advisor.hardware import get_hardware
 from advisor.measure import MeasureRequest, measure
@@ -26,23 +27,23 @@ MiB = 1 << 20
 def test_runs_spanning_little_next_to_their_noise_keep_the_slope_near_the_prior() -> None:
     # Three runs of ~400 MB (noise >= 8 MB each) whose transient bytes span 4 MB: a free fit would
     # take slope 3 from them, past the bounds; they say next to nothing about it.
-    _, slope, _, _ = _fit([100 * MB, 102 * MB, 104 * MB], [200 * MB, 206 * MB, 212 * MB], [400 * MB] * 3)
+    _, slope, _, _ = fit_line([100 * MB, 102 * MB, 104 * MB], [200 * MB, 206 * MB, 212 * MB], [400 * MB] * 3)
     assert slope == pytest.approx(SLOPE_PRIOR_MEAN, abs=0.05)
     # One run: the prior's slope, and the intercept puts the fit through the run.
-    intercept, slope, spread, _ = _fit([100 * MB], [250 * MB], [400 * MB])
+    intercept, slope, spread, _ = fit_line([100 * MB], [250 * MB], [400 * MB])
     assert slope == SLOPE_PRIOR_MEAN and intercept + slope * 100 * MB == pytest.approx(250 * MB) and spread < 1
     # Another prior (the uncalibrated default's, where measured peaks refine no calibration): its slope.
-    assert _fit([100 * MB], [250 * MB], [400 * MB], prior=1.4)[1] == pytest.approx(1.4)
+    assert fit_line([100 * MB], [250 * MB], [400 * MB], prior=1.4)[1] == pytest.approx(1.4)
 
 
 def test_runs_that_grow_far_past_what_their_transient_bytes_explain_are_fitted_per_sample() -> None:
-    # ckpt fp32 sgd-momentum (bench/workloads/kinds.py), calibrated for batch 16 (session 34): runs at 2, 4,
-    # 8, 8 whose resident set rose ~20 MiB per sample while their transient peak rose 2.4 MiB per sample.
+    # ckpt fp32 sgd-momentum (bench/workloads/kinds.py), calibrated for batch 16: runs at 2, 4, 8, 8 whose
+    # resident set grows ~20 MiB per sample while their transient peak grows 2.4 MiB per sample.
     batches = [2, 4, 8, 8]
     transient = [int(t * MiB) for t in (4.9, 9.7, 19.5, 19.5)]
     extra = [int(e * MiB) for e in (138.2, 174.3, 257.3, 256.3)]
     resident = [int(r * MiB) for r in (907, 943, 1026, 1025)]
-    fit = _fit(transient, extra, resident, batches=batches)
+    fit = fit_line(transient, extra, resident, batches=batches)
     assert fit.slope == pytest.approx(SLOPE_PRIOR_MEAN, abs=0.01) and 16 * MiB < fit.per_sample < 19 * MiB
     assert fit.spread < 10 * MiB
     # at 16 (transient 39 MiB) the fit says ~415 MiB, as the runs there measured (383-450 over the live peak)
@@ -51,12 +52,13 @@ def test_runs_that_grow_far_past_what_their_transient_bytes_explain_are_fitted_p
     # Without the batch sizes: the posterior's slope, nothing per sample. With the same growth drowned in noise,
     # or runs a little steeper than the prior (vit-b16 fp32 sgd-momentum b16, 2.2 SDs): little per sample,
     # the line near the posterior's where the runs lie.
-    no_batches = _fit(transient, extra, resident)
+    no_batches = fit_line(transient, extra, resident)
     assert no_batches.per_sample == 0 and no_batches.slope < 1.6
     noisy = [e + d for e, d in zip(extra, (60 * MiB, -60 * MiB, 60 * MiB, -60 * MiB))]
-    assert _fit(transient, noisy, resident, batches=batches).per_sample < 2 * MiB  # a tenth of the quiet runs'
-    vit = [[int(v * MiB) for v in vs] for vs in ((28.9, 44.1, 74.4, 74.4), (167.6, 187.2, 271.5, 296.4), (1157, 1177, 1261, 1286))]
-    blend, posterior = _fit(*vit, batches=batches), _fit(*vit)
+    assert fit_line(transient, noisy, resident, batches=batches).per_sample < 2 * MiB  # a tenth of the quiet runs'
+    vit = [[int(v * MiB) for v in vs]
+           for vs in ((28.9, 44.1, 74.4, 74.4), (167.6, 187.2, 271.5, 296.4), (1157, 1177, 1261, 1286))]
+    blend, posterior = fit_line(*vit, batches=batches), fit_line(*vit)
     at = 136 * MiB  # its transient bytes at 16
 
     def extra_at(f, b):
@@ -65,7 +67,7 @@ def test_runs_that_grow_far_past_what_their_transient_bytes_explain_are_fitted_p
     assert 0 < blend.per_sample < 3 * MiB and 0 < extra_at(blend, 16) - extra_at(posterior, 16) < 20 * MiB
     # Runs that grow slower than the prior's slope stay drawn toward it: nothing per sample either.
     shallow = [int(100 * MiB + 0.2 * t) for t in transient]
-    assert _fit(transient, shallow, resident, batches=batches).per_sample == 0
+    assert fit_line(transient, shallow, resident, batches=batches).per_sample == 0
     # The per-sample term reaches the totals an estimate gives at each batch (tiny-gpt2's real batch model).
     from advisor.estimate.evaluator import Evaluator
 
@@ -91,11 +93,11 @@ def test_calibration_runs_stay_at_or_below_half_the_batch_and_leave_batch_one_ou
 def test_runs_spanning_far_past_their_noise_give_their_own_slope() -> None:
     transient = [50 * MB, 100 * MB, 200 * MB, 400 * MB]
     extra = [90 * MB + 0.7 * t for t in transient]
-    intercept, slope, spread, _ = _fit(transient, extra, [e + 300 * MB for e in extra])
+    intercept, slope, spread, _ = fit_line(transient, extra, [e + 300 * MB for e in extra])
     assert slope == pytest.approx(0.7, abs=0.02) and intercept == pytest.approx(90 * MB, rel=0.05)
     # Noise the size of the span (a run strays 60 MB): pulled part of the way toward the default.
     noisy = [e + d for e, d in zip(extra, (60 * MB, -60 * MB, 60 * MB, -60 * MB))]
-    _, pulled, _, _ = _fit(transient, noisy, [e + 300 * MB for e in noisy])
+    _, pulled, _, _ = fit_line(transient, noisy, [e + 300 * MB for e in noisy])
     free = float(np.polyfit(transient, noisy, 1)[0])
     assert free < pulled < SLOPE_PRIOR_MEAN
 
@@ -107,7 +109,8 @@ def test_largest_batch_is_resolved_again_near_itself() -> None:
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": cap})
     stages: list[str] = []
     with listening(stages.append):  # what the CLI's spinner shows
-        est = estimate_memory("tiny-gpt2", hw, 16, calibrate=True, measured=False)  # default 5% margin
+        est = estimate_memory("tiny-gpt2", hw, EstimateRequest(batch_size=16),
+                              EstimateOptions(calibrate=True, measured=False))  # default 5% margin
     assert stages[0] == "tracing tiny-gpt2 at batch 16"
     assert any(s.startswith(("calibrating: real steps", "calibration reused")) for s in stages), stages
     again = [n for n in est.notes if "re-solved" in n]
@@ -120,7 +123,7 @@ def test_largest_batch_is_resolved_again_near_itself() -> None:
     assert f"largest batch: real steps at {first} (twice) and {first // 2} to check it" in stages, stages
     assert 0 < est.max_batch_size < first * 2
     # The answer really fits: the median of 3 real runs at it (the bench's protocol) stays under the
-    # cap. One run alone can stray past it: a CI run measured 260.7 MB at an answer of 201.
+    # cap. One run alone can stray past it: 260.7 MB measured at an answer of 201.
     runs = [measure(MeasureRequest(workload="tiny-gpt2", batch_size=est.max_batch_size, mode="rss")).rss_delta_bytes
             for _ in range(3)]
     assert statistics.median(runs) <= cap, (runs, est.notes)
@@ -128,15 +131,19 @@ def test_largest_batch_is_resolved_again_near_itself() -> None:
 
 def test_no_second_round_when_the_cap_is_this_hosts_memory() -> None:
     # Half the largest batch would take about half the host: not cheap, so no second round.
-    est = estimate_memory("tiny-mlp", "cpu", 64, calibrate=True, measured=False)
+    est = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=64),
+                          EstimateOptions(calibrate=True, measured=False))
     assert est.calibrated
     assert not any("re-solved" in n for n in est.notes), est.notes
 
 
 def test_a_second_estimate_of_the_same_request_reuses_the_calibration_runs() -> None:
-    first = estimate_memory("tiny-mlp", "cpu", 48, calibrate=True, measured=False)
-    again = estimate_memory("tiny-mlp", "cpu", 48, calibrate=True, measured=False)
-    other = estimate_memory("tiny-mlp", "cpu", 40, calibrate=True, measured=False)
+    first = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=48),
+                            EstimateOptions(calibrate=True, measured=False))
+    again = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=48),
+                            EstimateOptions(calibrate=True, measured=False))
+    other = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=40),
+                            EstimateOptions(calibrate=True, measured=False))
     assert first.calibrated and again.calibrated and other.calibrated
     assert any("runs of an earlier estimate in this process" in n for n in again.notes), again.notes
     assert again.total_bytes == first.total_bytes and again.seconds < first.seconds
@@ -146,7 +153,7 @@ def test_a_second_estimate_of_the_same_request_reuses_the_calibration_runs() -> 
 def test_transient_allocations_glibc_maps_are_counted_apart_from_heap_ones():
     import numpy as np
 
-    from advisor.estimate.strategy import resident_parts
+    from advisor.estimate.resident.terms import resident_parts
     from advisor.estimate.trace import ACTIVATIONS, CATEGORY_NAMES, PARAMS
 
     mib = 1 << 20
@@ -166,7 +173,7 @@ def test_transient_allocations_glibc_maps_are_counted_apart_from_heap_ones():
 def test_a_mapped_activation_adds_to_the_long_lived_bytes_of_its_own_moments_only():
     import numpy as np
 
-    from advisor.estimate.strategy import resident_parts
+    from advisor.estimate.resident.terms import resident_parts
     from advisor.estimate.trace import ACTIVATIONS, CATEGORY_NAMES, GRADS, OPT_STATE, PARAMS
 
     mib = 1 << 20
@@ -187,18 +194,18 @@ def test_a_mapped_activation_adds_to_the_long_lived_bytes_of_its_own_moments_onl
     assert resident_parts(curve(60)) == (154 * mib, 10 * mib, 40 * mib, 0)
     # 20 MiB of state (a peak of 114): the backward's 134 lies 20 MiB over it
     assert resident_parts(curve(20)) == (114 * mib, 10 * mib, 40 * mib, 20 * mib)
-    # a synthetic curve (peak moments, no events) counts it all as heap-served, as before
+    # a synthetic curve (peak moments, no events) counts it all as heap-served
     assert resident_parts(curve(20), synthetic=True) == (114 * mib, 50 * mib, 0, 0)
 
 
 def test_the_slope_takes_the_heap_served_bytes_over_the_persistent_peak_where_they_live_beside_it():
-    """strategy.resident_terms' last item: max over the step of persistent(t) + heap(t), less the
+    """terms.resident_terms' last item: max over the step of persistent(t) + heap(t), less the
     persistent peak, and UNREUSED_SHARE of the rest of the heap-served peak. An activation freed before
     the gradients and state peak adds only that share (the heap serves them mostly from its chunk); one
     that outlives them adds all it holds beside them. The heap-served transient peak is the same in both."""
     import numpy as np
 
-    from advisor.estimate.strategy import UNREUSED_SHARE, resident_terms
+    from advisor.estimate.resident.terms import UNREUSED_SHARE, resident_terms
     from advisor.estimate.trace import ACTIVATIONS, CATEGORY_NAMES, GRADS, OPT_STATE, PARAMS
 
     mib = 1 << 20
@@ -210,7 +217,8 @@ def test_the_slope_takes_the_heap_served_bytes_over_the_persistent_peak_where_th
         return np.cumsum(onehot, axis=0)
 
     # a 20 MiB activation; 10 MiB of gradients while it lives; freed; 20 more of gradients, 30 of state
-    freed_first = curve([(PARAMS, 64), (ACTIVATIONS, 20), (GRADS, 10), (ACTIVATIONS, -20), (GRADS, 20), (OPT_STATE, 30)])
+    freed_first = curve([(PARAMS, 64), (ACTIVATIONS, 20), (GRADS, 10), (ACTIVATIONS, -20), (GRADS, 20),
+                         (OPT_STATE, 30)])
     assert 0 < UNREUSED_SHARE < 1
     assert resident_terms(freed_first) == (124 * mib, 20 * mib, 0, 0, int(UNREUSED_SHARE * 20 * mib))
     # gradients while it lives, and 10 MiB of it beside the persistent peak: that, and the share of the other 10
@@ -219,14 +227,14 @@ def test_the_slope_takes_the_heap_served_bytes_over_the_persistent_peak_where_th
     # all 30 MiB of gradients while it lives, and no state: it lies 20 MiB over the persistent peak
     outlives = curve([(PARAMS, 64), (ACTIVATIONS, 20), (GRADS, 30), (ACTIVATIONS, -20)])
     assert resident_terms(outlives) == (94 * mib, 20 * mib, 0, 0, 20 * mib)
-    # a synthetic curve (peak moments, no events): the heap-served transient peak, as before
+    # a synthetic curve (peak moments, no events): the heap-served transient peak
     assert resident_terms(freed_first, synthetic=True)[-1] == 20 * mib
 
 
 def test_bytes_a_kernel_never_writes_stay_out_of_the_resident_set_of_a_mapped_allocation():
     import numpy as np
 
-    from advisor.estimate.strategy import resident_parts, touched_peak
+    from advisor.estimate.resident.terms import resident_parts, touched_peak
     from advisor.estimate.trace import ACTIVATIONS, CATEGORY_NAMES, PARAMS
 
     mib = 1 << 20
@@ -249,7 +257,7 @@ def test_bytes_a_kernel_never_writes_stay_out_of_the_resident_set_of_a_mapped_al
 def test_a_calibration_is_kept_for_later_processes_and_its_runs_refine_uncalibrated_estimates(tmp_path) -> None:
     """Three fresh `advisor estimate` processes on one data dir: the first runs the calibration, the
     second reuses it (same answer, no runs), the third, uncalibrated, is refined by its runs, which
-    were kept as measured peaks of DESIGN.md's protocol."""
+    were kept as measured peaks of docs/design.md's protocol."""
     import json
     import os
     import subprocess
@@ -258,7 +266,8 @@ def test_a_calibration_is_kept_for_later_processes_and_its_runs_refine_uncalibra
     env = dict(os.environ, ADVISOR_DATA_DIR=str(tmp_path))
 
     def estimate(*extra: str) -> dict:
-        cmd = [sys.executable, "-m", "advisor.cli", "estimate", "-w", "tiny-mlp", "-H", "cpu", "-b", "24", "--json", *extra]
+        cmd = [sys.executable, "-m", "advisor.cli", "estimate", "-w", "tiny-mlp", "-H", "cpu", "-b", "24", "--json",
+               *extra]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True)
         return json.loads(proc.stdout)
 
@@ -283,9 +292,15 @@ def test_a_calibration_is_kept_for_later_processes_and_its_runs_refine_uncalibra
 
 def test_an_estimate_across_glibcs_mmap_threshold_from_its_runs_says_it_is_less_certain():
     from advisor.config import OptimizerKind, Precision
-    from advisor.estimate.calibrate import threshold_target, crosses, mapped_regime_note, mapped_share, run_mmap_threshold
     from advisor.estimate.estimator import _batch_model
     from advisor.estimate.model import EstimateRequest
+    from advisor.estimate.resident.threshold import (
+        crosses,
+        mapped_regime_note,
+        mapped_share,
+        run_mmap_threshold,
+        threshold_target,
+    )
     from advisor.workload import load_workload
 
     # mlp's activations are batch x 2048 fp32: 32 MiB at 4096, mapped; at the runs' 512-2048, heap-served
@@ -333,20 +348,20 @@ def test_measured_peaks_across_glibcs_mmap_threshold_from_the_batch_stay_out_of_
     """A first estimate of mlp at 1024 keeps its runs (128-512, glibc's default: every activation
     heap-served) as measured peaks; a second at 4096 (32 MiB activations, mapped) calibrates with
     scaled thresholds and leaves those peaks out, and one at 1024 again takes them in. Real runs."""
-    from advisor.estimate.estimator import _CALIBRATIONS
+    from advisor.estimate.resident.measured import _CALIBRATIONS
     from advisor.settings import get_settings
 
     monkeypatch.setenv("ADVISOR_DATA_DIR", str(tmp_path))
     get_settings.cache_clear()
     _CALIBRATIONS.clear()
     try:
-        first = estimate_memory("mlp", "cpu", 1024, calibrate=True)
+        first = estimate_memory("mlp", "cpu", EstimateRequest(batch_size=1024), EstimateOptions(calibrate=True))
         assert first.refined_by == 0
-        big = estimate_memory("mlp", "cpu", 4096, calibrate=True)
+        big = estimate_memory("mlp", "cpu", EstimateRequest(batch_size=4096), EstimateOptions(calibrate=True))
         left_out = [n for n in big.notes if "left out of the fit" in n]
         assert left_out and "128, 256, 512" in left_out[0] and "batch 4096" in left_out[0], big.notes
         assert big.refined_by == 0 and not any("refined by" in n for n in big.notes), big.notes
-        again = estimate_memory("mlp", "cpu", 1024, calibrate=False)
+        again = estimate_memory("mlp", "cpu", EstimateRequest(batch_size=1024), EstimateOptions(calibrate=False))
         assert again.refined_by >= 3 and not any("left out" in n for n in again.notes), again.notes
     finally:
         get_settings.cache_clear()
@@ -356,11 +371,11 @@ def test_measured_peaks_across_glibcs_mmap_threshold_from_the_batch_stay_out_of_
 def _tiny_gpt2(batch: int):
     """(hardware, request, batch model) of tiny-gpt2 fp32 adamw at `batch` on this CPU: its real traces,
     under the runs the largest-batch tests below make up."""
-    from advisor.estimate.estimator import _batch_model, _make_request, _resolve
+    from advisor.estimate.estimator import _batch_model, _resolve
 
     wl, hw = _resolve("tiny-gpt2", "cpu", None)
-    req = _make_request(hw, batch, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
-                        fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
+    req = EstimateRequest.of(batch, precision="fp32", optimizer="adamw", strategy="single", checkpointing=False,
+                             fused_backward=False, offload_optimizer=False, offload_params=False, optimizer_impl=None)
     return hw, req, _batch_model(wl, req, cpu=True)
 
 
@@ -368,20 +383,20 @@ def test_measured_peaks_under_an_eighth_of_the_batch_stay_out_of_a_calibrated_fi
     """tiny-mlp at 24 keeps its runs (3, 6, 12 twice) as measured peaks; an estimate at 96 calibrates at
     12, 24, 48 (twice) and takes in only the earlier two at 12 (3 and 6 lie under 96 / 8, named in a note);
     without calibrating, the peaks are all it fits, and it takes all eight. Real runs, a real store."""
-    from advisor.estimate.estimator import _CALIBRATIONS
+    from advisor.estimate.resident.measured import _CALIBRATIONS
     from advisor.settings import get_settings
 
     monkeypatch.setenv("ADVISOR_DATA_DIR", str(tmp_path))
     get_settings.cache_clear()
     _CALIBRATIONS.clear()
     try:
-        first = estimate_memory("tiny-mlp", "cpu", 24, calibrate=True)
+        first = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=24), EstimateOptions(calibrate=True))
         assert first.refined_by == 0 and calibration_batches(24) == (3, 6, 12)
-        big = estimate_memory("tiny-mlp", "cpu", 96, calibrate=True)
+        big = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=96), EstimateOptions(calibrate=True))
         far = [n for n in big.notes if "under an eighth of batch 96" in n]
         assert far and "batch size(s) 3, 6 left out" in far[0], big.notes
         assert big.refined_by == 2 and any("refined by 2 measured peak(s) at batch size(s) 12" in n for n in big.notes)
-        bare = estimate_memory("tiny-mlp", "cpu", 96, calibrate=False)
+        bare = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=96), EstimateOptions(calibrate=False))
         assert bare.refined_by == 8 and not any("left out" in n for n in bare.notes), bare.notes
     finally:
         get_settings.cache_clear()
@@ -390,9 +405,9 @@ def test_measured_peaks_under_an_eighth_of_the_batch_stay_out_of_a_calibrated_fi
 
 def test_a_calibrations_own_runs_leave_earlier_runs_that_measured_the_same_bytes() -> None:
     """A calibration's runs are recorded as measured peaks too, and come off them once each: an earlier run
-    at the same batch that measured the same resident bytes to the byte stays in the fit (likeliest cause of
-    the test above failing once in session 45's CI, fitting one of its two earlier runs at 12)."""
-    from advisor.estimate.estimator import _less_own_runs
+    at the same batch that measured the same resident bytes to the byte stays in the fit (else the test above
+    would lose one of its two earlier runs at 12 from its fit)."""
+    from advisor.estimate.resident.measured import _less_own_runs
 
     earlier = [(12, 5_300_224, None), (12, 5_304_320, None), (6, 4_100_096, None)]
     own = ((12, 5_300_224, None), (24, 7_000_064, None), (48, 9_900_032, None), (48, 9_904_128, None))
@@ -411,9 +426,9 @@ def test_runs_that_measured_clear_of_the_cap_vouch_for_a_batch_a_little_past_the
     runs measured over."""
     import dataclasses
 
-    from advisor.estimate.calibrate import MAX_OF_RUNS_NOISE, UNREPEATED_NOISE, Calibration
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import RUN_STEP_SLOPE, _vouched_by_runs
+    from advisor.estimate.resident.calibration import MAX_OF_RUNS_NOISE, UNREPEATED_NOISE, Calibration
 
     hw, req, bm = _tiny_gpt2(20)
     base = Calibration(intercept=50 * MB, slope=0.8, spread=0.0)
@@ -452,9 +467,9 @@ def test_no_answer_reaches_a_batch_whose_runs_measured_over_the_cap() -> None:
     their median (one stray run over does not count; runs that fixed the threshold do not count)."""
     import dataclasses
 
-    from advisor.estimate.calibrate import Calibration
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import _measured_over
+    from advisor.estimate.resident.calibration import Calibration
 
     hw, req, bm = _tiny_gpt2(20)
     base = Calibration(intercept=50 * MB, slope=0.8)
@@ -477,15 +492,16 @@ def test_the_next_near_round_runs_where_the_fit_strayed_or_where_the_runs_vouch_
     their own share clear), past every batch run so far; else nowhere."""
     import dataclasses
 
-    from advisor.estimate.calibrate import MAX_OF_RUNS_NOISE, UNREPEATED_NOISE, Calibration
     from advisor.estimate.evaluator import Evaluator
     from advisor.estimate.largest import RUN_STEP_SLOPE, _next_round
+    from advisor.estimate.resident.calibration import MAX_OF_RUNS_NOISE, UNREPEATED_NOISE, Calibration
 
     hw, req, bm = _tiny_gpt2(20)
     base = Calibration(intercept=50 * MB, slope=0.8)
 
     def next_round(runs, usable, ran_at, fitted):
-        return _next_round(Evaluator(hw, req, bm, dataclasses.replace(base, rss=tuple(runs))), int(usable), ran_at, fitted)
+        evaluator = Evaluator(hw, req, bm, dataclasses.replace(base, rss=tuple(runs)))
+        return _next_round(evaluator, int(usable), ran_at, fitted)
 
     steep = Evaluator(hw, req, bm, Calibration(intercept=0.0, slope=RUN_STEP_SLOPE))
     one = steep.predicted_total(21) - steep.predicted_total(20)
@@ -513,8 +529,8 @@ def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() 
     by, and at least UNREPEATED_NOISE, whether or not a batch size ran twice."""
     import dataclasses
 
-    from advisor.estimate.calibrate import UNREPEATED_NOISE, Calibration
     from advisor.estimate.evaluator import Evaluator
+    from advisor.estimate.resident.calibration import UNREPEATED_NOISE, Calibration
 
     hw, req, bm = _tiny_gpt2(16)
     base = Calibration(intercept=50 * MB, slope=0.8, rss=((2, 8 * MB, None), (4, 12 * MB, None)))
@@ -545,12 +561,17 @@ def test_the_largest_batch_keeps_the_runs_noise_at_its_own_resident_set_clear() 
 
 
 def test_the_noise_kept_clear_is_a_smaller_share_of_a_larger_resident_set() -> None:
-    """A run's noise shrinks as a share of the resident set as it grows (bench/run_noise.py --by-size): the
+    """A run's noise shrinks as a share of the resident set as it grows (bench/research/run_noise.py --by-size): the
     shares hold up to NOISE_REF_BYTES and shrink as its cube root past it; a range seen between two runs
     shrinks the same way from their own resident set to the answer's, never grows to a smaller one, and a
     range seen under NOISE_LAW_FROM shrinks only from there."""
-    from advisor.estimate.calibrate import (MAX_OF_RUNS_NOISE, NOISE_LAW_FROM, NOISE_REF_BYTES, UNREPEATED_NOISE,
-                                            Calibration)
+    from advisor.estimate.resident.calibration import (
+        MAX_OF_RUNS_NOISE,
+        NOISE_LAW_FROM,
+        NOISE_REF_BYTES,
+        UNREPEATED_NOISE,
+        Calibration,
+    )
 
     GB = 1e9
     single = Calibration(intercept=0.0, slope=1.0, rss=((1024, int(0.4 * GB), None), (2048, int(0.45 * GB), None)))
@@ -558,7 +579,7 @@ def test_the_noise_kept_clear_is_a_smaller_share_of_a_larger_resident_set() -> N
     assert single.noise_share(8 * GB) == pytest.approx(UNREPEATED_NOISE / 2)  # (1/8)^(1/3)
     assert single.runs_share(2, 8 * GB) == pytest.approx(MAX_OF_RUNS_NOISE[1] / 2)
     assert single.margin(8 * GB) == pytest.approx(0.025 * 8 * GB)  # the fit's spread (0) is narrower
-    # two runs at 4096 14% apart around 0.4 GB (mlp, session 37): that share there, less at 1.6 GB
+    # two runs at 4096 14% apart around 0.4 GB (mlp): that share there, less at 1.6 GB
     twice = Calibration(intercept=0.0, slope=1.0, rss=single.rss + ((4096, int(0.37 * GB), None),
                                                                     (4096, int(0.43 * GB), None)))
     seen = 0.06 / 0.4
@@ -573,16 +594,16 @@ def test_the_noise_kept_clear_is_a_smaller_share_of_a_larger_resident_set() -> N
 
 
 def test_the_repeat_noise_pools_every_batch_size_that_ran_more_than_once() -> None:
-    """A run's noise as a share is one trait of a workload across batch sizes (bench/range_law.py): every
+    """A run's noise as a share is one trait of a workload across batch sizes (bench/research/range_law.py): every
     repeated batch size measures it, pooled as a standard deviation weighed by runs less one, times sqrt(2)
     (one pair: its own range). The widest range alone would grow with the number of batch sizes repeated."""
-    from advisor.estimate.calibrate import Calibration
+    from advisor.estimate.resident.calibration import Calibration
 
     MiB = 2**20
     one_pair = Calibration(intercept=0.0, slope=1.0, rss=((407, 1430 * MiB, None), (407, 1548 * MiB, None)))
     wide = 118 / 1489
     assert one_pair.repeat_noise() == pytest.approx(wide)
-    # resnet18 under 1.5 GB (session 54): tight pairs at 128 and 357 beside the wide one at 407
+    # resnet18 under 1.5 GB: tight pairs at 128 and 357 beside the wide one at 407
     pairs = one_pair.rss + ((128, 682 * MiB, None), (128, 696 * MiB, None), (357, 1315 * MiB, None),
                             (357, 1286 * MiB, None))
     pooled = Calibration(intercept=0.0, slope=1.0, rss=pairs)
@@ -606,8 +627,8 @@ def test_real_runs_at_the_batch_itself_draw_its_resident_set_n_over_n_plus_one_o
     and 60 MB over the line, draw the estimate at 8 two thirds of the way to their mean (+30 MB); a run
     there with glibc's threshold fixed stands for another batch and is left out; other batch sizes, and
     searches that compare them (runs=False), keep the line."""
-    from advisor.estimate.calibrate import Calibration
     from advisor.estimate.evaluator import Evaluator
+    from advisor.estimate.resident.calibration import Calibration
 
     hw, req, bm = _tiny_gpt2(8)
     base = Calibration(intercept=90 * MiB, slope=SLOPE_PRIOR_MEAN, rss=((2, 100 * MB, None),), batches=(2,))
@@ -623,7 +644,13 @@ def test_real_runs_at_the_batch_itself_draw_its_resident_set_n_over_n_plus_one_o
 
 
 def test_runs_at_the_batch_itself_go_only_where_the_batch_is_small_and_cheap_here() -> None:
-    from advisor.estimate.calibrate import AT_BATCH_BELOW, AT_BATCH_RUNS, HOST_SHARE, host_memory_bytes, runs_at_batch
+    from advisor.estimate.resident.calibrate import (
+        AT_BATCH_BELOW,
+        AT_BATCH_RUNS,
+        HOST_SHARE,
+        host_memory_bytes,
+        runs_at_batch,
+    )
 
     assert runs_at_batch(8, 100 * MB) == runs_at_batch(AT_BATCH_BELOW - 1, 100 * MB) == AT_BATCH_RUNS
     assert runs_at_batch(1, 100 * MB) == AT_BATCH_RUNS - 1  # calibration_batches(1) already runs at 1
@@ -640,7 +667,7 @@ def test_a_small_batch_is_calibrated_with_runs_at_itself_that_weigh_in_and_are_k
     and both runs are kept as measured peaks."""
     import json
 
-    from advisor.estimate.estimator import _CALIBRATIONS
+    from advisor.estimate.resident.measured import _CALIBRATIONS
     from advisor.settings import get_settings
 
     monkeypatch.setenv("ADVISOR_DATA_DIR", str(tmp_path))
@@ -649,7 +676,7 @@ def test_a_small_batch_is_calibrated_with_runs_at_itself_that_weigh_in_and_are_k
     stages: list[str] = []
     try:
         with listening(stages.append):
-            est = estimate_memory("tiny-gpt2", "cpu", 8, calibrate=True)
+            est = estimate_memory("tiny-gpt2", "cpu", EstimateRequest(batch_size=8), EstimateOptions(calibrate=True))
     finally:
         get_settings.cache_clear()
         _CALIBRATIONS.clear()
@@ -679,7 +706,8 @@ def test_fake_traces_are_checked_against_real_ones_at_the_real_traces_own_batch_
     # fake traces at 16 and 8 put the peak at 4 at 18.9 MB, where the real and the fake trace at 4 both hold 22.3
     spec = f"{Path(__file__).with_name('graph_batch.py')}:build"
     args = {"vary_sizes": True, "d": 128, "nodes_per_graph": 200, "degree": 8}
-    est = estimate_memory(spec, "cpu", 16, workload_args=args, calibrate=True, measured=False)
+    est = estimate_memory(spec, "cpu", EstimateRequest(batch_size=16), EstimateOptions(calibrate=True, measured=False),
+                          workload_args=args)
     assert est.calibrated and est.method == "traced", est.notes
     assert not any("using traces of real steps" in n for n in est.notes), est.notes
     real = trace_training(load_workload(spec, args), 16, precision=Precision.fp32, optimizer=OptimizerKind.adamw,

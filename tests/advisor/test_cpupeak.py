@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from advisor.config import Precision
+from advisor.estimate import EstimateOptions, EstimateRequest
 from advisor.estimate.roofline import peak_flops
 from advisor.hardware import CATALOG, get_hardware, hardware_from_host
 from advisor.hardware.cpupeak import cpu_clock_ghz, cpuinfo_fields, probe_cpu_spec, usable_core_count
@@ -105,21 +106,22 @@ def test_hyperthreads_share_a_core_and_cpufreq_wins_over_cpuinfo(tmp_path: Path)
 
 
 def test_amx_names_a_server_core_whatever_model_number_a_hypervisor_reports(tmp_path: Path) -> None:
-    # a VM seen on 2026-11-24: model 167 (0xA7, Rocket Lake: one 512-bit FMA unit) with AMX and AVX512-FP16,
-    # which only Sapphire Rapids and later server cores have (two units); real fp32 matmuls ran at 0.41
-    # TFLOP/s on its 2 cores at 2.6 GHz, over the one-unit peak of 0.17 even at 1.9x boost
-    vm = {**XEON_8488C, "model": "167", "model name": "Intel(R) Xeon(R) Processor"}
-    spec = spec_of(write_host(tmp_path, vm))
+    # a hypervisor can report model 167 (0xA7, Rocket Lake: one 512-bit FMA unit) with AMX and AVX512-FP16,
+    # which only Sapphire Rapids and later server cores have (two units); such a guest's real fp32 matmuls run
+    # at 0.41 TFLOP/s on 2 cores at 2.6 GHz, over the one-unit peak of 0.17 even at 1.9x boost
+    guest = {**XEON_8488C, "model": "167", "model name": "Intel(R) Xeon(R) Processor"}
+    spec = spec_of(write_host(tmp_path, guest))
     assert (spec.microarchitecture, spec.fp32_flop_per_cycle, spec.bf16_flop_per_cycle) == (
         "sapphire-rapids-or-later", 64, 1024)
-    rocket_lake = {**vm, "flags": f"{X86_BASE} {AVX512}"}  # the same model number without AMX: the client core
+    rocket_lake = {**guest, "flags": f"{X86_BASE} {AVX512}"}  # the same model number without AMX: the client core
     assert spec_of(write_host(tmp_path / "client", rocket_lake)).fp32_flop_per_cycle == 32
 
 
 def test_a_vm_that_hides_avx512_leaves_the_avx2_path(tmp_path: Path) -> None:
     hidden = {**XEON_8488C, "flags": X86_BASE}  # Sapphire Rapids cores, AVX-512 and AMX masked
     spec = spec_of(write_host(tmp_path, hidden))
-    assert (spec.vector_isa, spec.bf16_unit, spec.fp32_flop_per_cycle, spec.bf16_flop_per_cycle) == ("avx2-fma", None, 32, 32)
+    assert (spec.vector_isa, spec.bf16_unit, spec.fp32_flop_per_cycle, spec.bf16_flop_per_cycle) == (
+        "avx2-fma", None, 32, 32)
 
 
 def test_unknown_core_uses_the_least_its_isa_has(tmp_path: Path) -> None:
@@ -132,7 +134,7 @@ def test_unknown_core_uses_the_least_its_isa_has(tmp_path: Path) -> None:
 
 
 def test_no_clock_falls_back_to_the_catalog_and_says_so(tmp_path: Path) -> None:
-    """Graviton2 in a VM: no cpufreq, and Arm's /proc/cpuinfo has no 'cpu MHz'."""
+    """Graviton2 in a virtual machine: no cpufreq, and Arm's /proc/cpuinfo has no 'cpu MHz'."""
     root = write_host(tmp_path, GRAVITON2)
     spec = spec_of(root)
     assert (spec.model_name, spec.vendor, spec.model, spec.microarchitecture) == ("Arm neoverse-n1", "arm:0x41", 0xD0C,
@@ -176,7 +178,7 @@ def test_this_machine_derives_a_peak_at_least_its_measured_matmuls() -> None:
     assert hw.accelerator.peak_tflops == peaks
     assert peak_flops(hw, Precision.bf16) == pytest.approx(peaks["bf16"] * 1e12)  # what the roofline divides by
     # cpufreq's cpuinfo_max_freq is the top boost clock: nothing runs above that peak. /proc/cpuinfo's
-    # "cpu MHz" in a VM is the nominal clock, and boost runs above it, by up to 1.9x on current server
+    # "cpu MHz" under a hypervisor is the nominal clock, and boost runs above it, by up to 1.9x on current server
     # parts (Intel ARK, Xeon Platinum 8480+: 2.0 GHz base, 3.8 GHz max turbo).
     boost = 1.0 if cpu.clock_source == "cpufreq" else 1.9
     for dtype in ("fp32", "bf16") if cpu.bf16_unit else ("fp32",):
@@ -186,17 +188,19 @@ def test_this_machine_derives_a_peak_at_least_its_measured_matmuls() -> None:
 
 def test_fp16_on_a_cpu_has_no_roofline_rather_than_fp32s_peak() -> None:
     """A CPU's fp16 products run far under its fp32 peak (no fp16 unit): the real estimate says it has no step
-    time for fp16 instead of crediting fp32's peak, and still times bf16; a GPU missing a dtype's figure keeps
-    fp32's as before (a T4 lists no bf16 peak)."""
+    time for fp16 instead of crediting fp32's peak, and still times bf16; a GPU missing a dtype's figure still
+    takes fp32's (a T4 lists no bf16 peak)."""
     from advisor import estimate_memory
 
     for target in ("cpu", "local"):
         with pytest.raises(ValueError, match="no fp16 peak"):
             peak_flops(get_hardware(target), Precision.fp16)
     assert peak_flops(get_hardware("t4"), Precision.bf16) == pytest.approx(CATALOG["t4"].peak_tflops["fp32"] * 1e12)
-    half = estimate_memory("tiny-mlp", "cpu", 8, precision="fp16", calibrate=False, measured=False)
+    half = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=8, precision="fp16"),
+                           EstimateOptions(calibrate=False, measured=False))
     assert half.predicted_step_s is None and half.predicted_samples_per_s is None
     assert any(n.startswith("no roofline:") and "no fp16 peak" in n for n in half.notes), half.notes
     assert half.total_bytes > 0  # the memory estimate itself is unchanged
-    bf16 = estimate_memory("tiny-mlp", "cpu", 8, precision="bf16", calibrate=False, measured=False)
+    bf16 = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=8, precision="bf16"),
+                           EstimateOptions(calibrate=False, measured=False))
     assert bf16.predicted_step_s is not None and bf16.predicted_step_s > 0

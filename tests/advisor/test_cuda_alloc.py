@@ -53,19 +53,22 @@ def test_cublas_workspaces_are_larger_from_hopper_on():
 
 
 def test_a_cuda_target_traces_the_foreach_optimizer_and_counts_the_workspaces():
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     # batch 2: the optimizer step holds the peak. torch's CUDA default, foreach, keeps an intermediate
     # of every parameter at once (40 MB here), the per-parameter loop one of the largest (17 MB)
-    cpu_like = estimate_memory("mlp", "h100-sxm", 2, optimizer="adamw", optimizer_impl="for-loop", measured=False)
-    default = estimate_memory("mlp", "h100-sxm", 2, optimizer="adamw", measured=False)
+    cpu_like = estimate_memory("mlp", "h100-sxm",
+                               EstimateRequest(batch_size=2, optimizer="adamw", optimizer_impl="for-loop"),
+                               EstimateOptions(measured=False))
+    default = estimate_memory("mlp", "h100-sxm", EstimateRequest(batch_size=2, optimizer="adamw"),
+                              EstimateOptions(measured=False))
     assert default.allocated_bytes - cpu_like.allocated_bytes > 4 * MB
     assert default.breakdown.temporaries >= cublas_workspace_bytes("h100-sxm")
     assert default.allocated_bytes >= cublas_workspace_bytes("h100-sxm") + default.breakdown.parameters
 
 
 def test_only_threads_that_multiply_matrices_hold_a_cublas_workspace():
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.estimate.trace import trace_training
     from advisor.workload import load_workload
 
@@ -77,8 +80,8 @@ def test_only_threads_that_multiply_matrices_hold_a_cublas_workspace():
     # and autograd's backward thread both do
     assert threads("tiny-unet") == 0
     assert threads("tiny-mlp") == 2
-    unet = estimate_memory("tiny-unet", "h100-sxm", 2, measured=False)
-    mlp = estimate_memory("tiny-mlp", "h100-sxm", 2, measured=False)
+    unet = estimate_memory("tiny-unet", "h100-sxm", EstimateRequest(batch_size=2), EstimateOptions(measured=False))
+    mlp = estimate_memory("tiny-mlp", "h100-sxm", EstimateRequest(batch_size=2), EstimateOptions(measured=False))
     assert unet.breakdown.temporaries < cublas_workspace_bytes("h100-sxm", 1)
     assert mlp.breakdown.temporaries >= cublas_workspace_bytes("h100-sxm")
 
@@ -86,8 +89,8 @@ def test_only_threads_that_multiply_matrices_hold_a_cublas_workspace():
 def test_a_workspace_taken_from_a_cached_block_splits_it():
     # The order seen on an H200 (resnet18 fp32 sgd-momentum b64): a 196 MiB activation is freed, the
     # first matrix product takes its 32 MiB cuBLAS workspace from the cached block, and the next 196 MiB
-    # request no longer fits there: a new segment. With the workspace in a segment of its own (before),
-    # the estimate missed that segment (the real run reserved 2140 MiB, replayed exactly; before 2009).
+    # request no longer fits there: a new segment. With the workspace in a segment of its own, an estimate
+    # would miss that segment (the real run reserves 2140 MiB, replayed exactly; 2009 without the split).
     sizes = np.array([196 * MB, -196 * MB, 196 * MB])
     ids = np.array([0, 0, 1])
     at_op = library_workspaces("h100-sxm", ((2, "cublas"),), 1)
@@ -102,7 +105,7 @@ def test_a_workspace_taken_from_a_cached_block_splits_it():
 
 
 def test_the_trace_records_where_each_thread_first_multiplies_matrices():
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.estimate.trace import trace_training
     from advisor.workload import load_workload
 
@@ -120,5 +123,5 @@ def test_the_trace_records_where_each_thread_first_multiplies_matrices():
     # the LSTM's head runs on a 3-D input (matmul, no bias epilogue): no cuBLASLt workspace
     assert [kind for _, kind in trace("tiny-lstm").cublas_at] == ["cublas", "cublas"]
     assert trace("tiny-unet").cublas_at == ()
-    est = estimate_memory("tiny-mlp", "h100-sxm", 2, measured=False)
+    est = estimate_memory("tiny-mlp", "h100-sxm", EstimateRequest(batch_size=2), EstimateOptions(measured=False))
     assert est.breakdown.temporaries >= 2 * cublas_workspace_bytes("h100-sxm", 1) + MB

@@ -21,11 +21,11 @@ def _sum(x: torch.Tensor, dims: list[int], gpu: ReduceGpu) -> list[int]:
 
 
 @pytest.mark.parametrize("shape,dtype,gpu,blocks", [
-    # an H200's allocator events, mlp bf16 adamw at batch 32768 (bench/results/cuda-events-h200-s41): each
+    # an H200's allocator events, mlp bf16 adamw at batch 32768 (bench/results/archive/cuda-events-h200): each
     # 2048-wide layer's bias gradient, then the 10-wide head's
     ((32768, 2048), torch.bfloat16, H200, [138_412_032, 64]),
     ((32768, 10), torch.bfloat16, H200, [10_240, 8]),
-    # an H100, the same sum at batch 4096 (measured once on the GPU, session 30): 64 MiB in both dtypes
+    # an H100's allocator events, the same sum at batch 4096: 64 MiB in both dtypes
     ((4096, 2048), torch.float32, H100, [64 << 20, 64]),
     ((4096, 2048), torch.bfloat16, H100, [64 << 20, 64]),
 ])
@@ -59,15 +59,16 @@ def test_every_gpu_in_the_catalog_has_its_multiprocessors():
 
 @pytest.mark.parametrize("precision,optimizer,batch,reserved", [
     # real max_memory_reserved on an H200 (bench/results/accuracy-cuda-h200.json and
-    # cuda-events-h200-s41/peaks.jsonl); without the reductions' scratch this estimate was -14.6% and -10.7%
+    # archive/cuda-events-h200/peaks.jsonl); without the reductions' scratch this estimate is -14.6% and -10.7%
     ("fp32", "adamw", 4096, 459_276_288),
     ("bf16", "adamw", 32768, 1_329_594_368),
 ])
 def test_an_estimate_for_a_catalog_gpu_counts_its_reductions_scratch(precision, optimizer, batch, reserved):
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
-    est = estimate_memory("mlp", get_hardware("h200"), batch, precision=precision, optimizer=optimizer,
-                          measured=False)
+    est = estimate_memory("mlp", get_hardware("h200"),
+                          EstimateRequest(batch_size=batch, precision=precision, optimizer=optimizer),
+                          EstimateOptions(measured=False))
     assert abs(est.total_bytes - reserved) / reserved < 0.01, (est.total_bytes, reserved)
     assert any("reduction shape(s)" in n for n in est.notes), est.notes
 
@@ -75,12 +76,14 @@ def test_an_estimate_for_a_catalog_gpu_counts_its_reductions_scratch(precision, 
 def test_a_catalog_gpus_estimate_says_which_cudnn_workspaces_it_leaves_out():
     """A convolution net or an LSTM for a catalog GPU: cuDNN's workspaces follow the algorithm it picks on the
     device, which no trace here can know; the estimate says it leaves them out, and how many shapes."""
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     for workload in ("tiny-unet", "tiny-lstm"):
-        notes = estimate_memory(workload, get_hardware("h200"), 4, measured=False).notes
+        notes = estimate_memory(workload, get_hardware("h200"), EstimateRequest(batch_size=4),
+                                EstimateOptions(measured=False)).notes
         assert any(n.startswith("cuDNN's workspaces for") and "not counted" in n for n in notes), notes
-    notes = estimate_memory("tiny-mlp", get_hardware("h200"), 4, measured=False).notes
+    notes = estimate_memory("tiny-mlp", get_hardware("h200"), EstimateRequest(batch_size=4),
+                            EstimateOptions(measured=False)).notes
     assert not any("cuDNN" in n for n in notes), notes
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from advisor.errors import SpecError
-from advisor.estimate import MemoryEstimate, estimate_memory
+from advisor.estimate import EstimateOptions, EstimateRequest, MemoryEstimate, estimate_memory
 from advisor.measure import MeasureRequest, measure
 from advisor.training import RowWiseAdagrad
 
@@ -31,9 +31,9 @@ ALLOC_CASES = [("tiny-mlp", 256, "fp32"), ("tiny-gpt2", 16, "fp32"), ("tiny-resn
                ("tiny-llama", 16, "bf16"), ("tiny-lstm", 32, "fp32")]
 # (preset, batch, workload args): calibrated resident set vs the median of 5 real runs, within 12%.
 # mlp at 64 is dominated by parameters and AdamW state; tiny-gpt2 at 256 by activations.
-# Five, not three: mlp at 64 draws one of two levels a run (this Intel VM, 2026-11-28: 276 or 306 MiB, and
-# in CI 300, 301, 313), so a median of three can sit on either while a calibration aims between them; CI
-# failed once at +12.2% (estimate 338 MiB, its fit's line alone 331, against runs 300, 301, 313).
+# Five, not three: mlp at 64 draws one of two levels a run (276 or 306 MiB on one Intel Xeon, 300, 301, 313 on
+# another host), so a median of three can sit on either while a calibration aims between them: an estimate of
+# 338 MiB (its fit's line alone 331) is +12.2% against runs 300, 301, 313.
 RSS_CASES = [("mlp", 64, {}), ("tiny-gpt2", 256, {})]
 RSS_RUNS = 5
 # 16 layers of 512: FSDP's two gathered units are small against the whole model, so ZeRO-3's
@@ -64,7 +64,7 @@ def real_runs(request) -> Iterator[dict[tuple, Future]]:
 
 @pytest.mark.parametrize("hardware, predicts", [("cpu", "cpu_rss"), ("h100-sxm", "cuda_reserved")])
 def test_breakdown_sums_to_total_and_names_what_it_predicts(hardware: str, predicts: str) -> None:
-    est = estimate_memory("tiny-gpt2", hardware, 8, calibrate=False)
+    est = estimate_memory("tiny-gpt2", hardware, EstimateRequest(batch_size=8), EstimateOptions(calibrate=False))
     parts = est.breakdown.model_dump()
     assert set(parts) == set(PARTS)
     assert all(v >= 0 for v in parts.values()), parts
@@ -80,9 +80,10 @@ def test_breakdown_sums_to_total_and_names_what_it_predicts(hardware: str, predi
 @pytest.fixture(scope="module")
 def strategy_estimates() -> dict[str, MemoryEstimate]:
     """'single' on one A100 80GB, the other strategies on four."""
-    out = {"single": estimate_memory("tiny-mlp", "a100-80gb", 64, workload_args=DEEP_MLP)}
+    out = {"single": estimate_memory("tiny-mlp", "a100-80gb", EstimateRequest(batch_size=64), workload_args=DEEP_MLP)}
     for strategy in ("ddp", "zero1", "zero3"):
-        out[strategy] = estimate_memory("tiny-mlp", "a100-80gb:4", 64, strategy=strategy, workload_args=DEEP_MLP)
+        out[strategy] = estimate_memory("tiny-mlp", "a100-80gb:4", EstimateRequest(batch_size=64, strategy=strategy),
+                                        workload_args=DEEP_MLP)
     return out
 
 
@@ -130,14 +131,15 @@ def test_ddp_adds_gradient_buckets(by_strategy) -> None:
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3"])
 def test_multi_device_strategy_on_one_device_is_rejected(strategy: str) -> None:
     with pytest.raises(SpecError, match="2\\+ devices"):
-        estimate_memory("tiny-mlp", "a100-80gb", 8, strategy=strategy, calibrate=False)
+        estimate_memory("tiny-mlp", "a100-80gb", EstimateRequest(batch_size=8, strategy=strategy),
+                        EstimateOptions(calibrate=False))
 
 
 # --- knobs ----------------------------------------------------------------------------------
 
 def test_activation_checkpointing_lowers_activations() -> None:
-    plain = estimate_memory("tiny-gpt2", "h100-sxm", 8)
-    ckpt = estimate_memory("tiny-gpt2", "h100-sxm", 8, checkpointing=True)
+    plain = estimate_memory("tiny-gpt2", "h100-sxm", EstimateRequest(batch_size=8))
+    ckpt = estimate_memory("tiny-gpt2", "h100-sxm", EstimateRequest(batch_size=8, checkpointing=True))
     assert ckpt.request.checkpointing
     assert ckpt.breakdown.activations < 0.5 * plain.breakdown.activations
     assert ckpt.allocated_bytes < plain.allocated_bytes
@@ -166,8 +168,8 @@ def test_rowwise_adagrad_keeps_one_value_per_row() -> None:
 
 
 def test_rowwise_adagrad_estimate_has_much_smaller_optimizer_state() -> None:
-    full = estimate_memory("tiny-dlrm", "h100-sxm", 8, optimizer="adagrad")
-    rowwise = estimate_memory("tiny-dlrm", "h100-sxm", 8, optimizer="rowwise-adagrad")
+    full = estimate_memory("tiny-dlrm", "h100-sxm", EstimateRequest(batch_size=8, optimizer="adagrad"))
+    rowwise = estimate_memory("tiny-dlrm", "h100-sxm", EstimateRequest(batch_size=8, optimizer="rowwise-adagrad"))
     # Tables are 10k x 16: row-wise state is 1/16 of theirs; the MLPs keep full state.
     assert rowwise.breakdown.optimizer_state < full.breakdown.optimizer_state / 8
     assert rowwise.allocated_bytes < full.allocated_bytes
@@ -176,8 +178,10 @@ def test_rowwise_adagrad_estimate_has_much_smaller_optimizer_state() -> None:
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_fused_backward_lowers_gradients(optimizer: str) -> None:
     # An MLP peaks in the optimizer step, when every gradient is alive unless the step is fused.
-    plain = estimate_memory("tiny-mlp", "h100-sxm", 64, optimizer=optimizer, workload_args=DEEP_MLP)
-    fused = estimate_memory("tiny-mlp", "h100-sxm", 64, optimizer=optimizer, fused_backward=True,
+    plain = estimate_memory("tiny-mlp", "h100-sxm", EstimateRequest(batch_size=64, optimizer=optimizer),
+                            workload_args=DEEP_MLP)
+    fused = estimate_memory("tiny-mlp", "h100-sxm",
+                            EstimateRequest(batch_size=64, optimizer=optimizer, fused_backward=True),
                             workload_args=DEEP_MLP)
     assert plain.breakdown.gradients > 0
     assert fused.breakdown.gradients < plain.breakdown.gradients / 4
@@ -188,12 +192,12 @@ def test_fused_backward_lowers_gradients(optimizer: str) -> None:
 
 @pytest.mark.parametrize("preset", ["tiny-mlp", "tiny-gpt2"])
 def test_max_batch_size_fits_and_one_more_does_not(preset: str) -> None:
-    first = estimate_memory(preset, "tiny", 8)
+    first = estimate_memory(preset, "tiny", EstimateRequest(batch_size=8))
     m = first.max_batch_size
     assert m > 0
     assert first.fits
-    at_max = estimate_memory(preset, "tiny", m)
-    over = estimate_memory(preset, "tiny", m + 1)
+    at_max = estimate_memory(preset, "tiny", EstimateRequest(batch_size=m))
+    over = estimate_memory(preset, "tiny", EstimateRequest(batch_size=m + 1))
     assert at_max.fits, (m, at_max.total_bytes + at_max.runtime_bytes, at_max.usable_bytes)
     assert not over.fits, (m + 1, over.total_bytes + over.runtime_bytes, over.usable_bytes)
     assert at_max.max_batch_size == m
@@ -203,7 +207,7 @@ def test_batch_one_estimate_is_fast() -> None:
     """Batch 1 takes other op paths than 2+: the max-batch search must not retrace per query
     (that cost ~20 s of CPU for tiny-gpt2). CPU time, not wall time: the machine may be shared."""
     start = time.process_time()
-    est = estimate_memory("tiny-gpt2", "h100-sxm", 1)
+    est = estimate_memory("tiny-gpt2", "h100-sxm", EstimateRequest(batch_size=1))
     cpu_s = time.process_time() - start
     assert est.max_batch_size > 1
     assert cpu_s < 6.0, f"estimate of tiny-gpt2 at batch 1 used {cpu_s:.1f} s of CPU"
@@ -213,8 +217,9 @@ def test_batch_one_estimate_is_fast() -> None:
 
 @pytest.mark.parametrize("preset, batch", [("gpt2-small", 2), ("tiny-llama", 8)])
 def test_analytic_matches_traced_allocated(preset: str, batch: int) -> None:
-    analytic = estimate_memory(preset, "h100-sxm", batch, method="analytic")
-    traced = estimate_memory(preset, "h100-sxm", batch, method="traced")
+    analytic = estimate_memory(preset, "h100-sxm", EstimateRequest(batch_size=batch),
+                               EstimateOptions(method="analytic"))
+    traced = estimate_memory(preset, "h100-sxm", EstimateRequest(batch_size=batch), EstimateOptions(method="traced"))
     assert (analytic.method, traced.method) == ("analytic", "traced")
     ratio = analytic.allocated_bytes / traced.allocated_bytes
     # Measured here (torch 2.13 CPU): gpt2-small b2 (seq 1024) 1.158, tiny-llama b8 1.155. The
@@ -224,7 +229,7 @@ def test_analytic_matches_traced_allocated(preset: str, batch: int) -> None:
 
 def test_llama_70b_zero3_uses_analytic_path_quickly() -> None:
     t0 = time.process_time()  # CPU time: the machine may be shared
-    est = estimate_memory("llama-70b", "h100-sxm:8", strategy="zero3")
+    est = estimate_memory("llama-70b", "h100-sxm:8", EstimateRequest(strategy="zero3"))
     assert time.process_time() - t0 < 10
     assert est.method == "analytic"
     assert est.world_size == 8
@@ -238,14 +243,14 @@ def test_llama_70b_zero3_uses_analytic_path_quickly() -> None:
 
 def test_unknown_preset_lists_valid_names() -> None:
     with pytest.raises(SpecError) as info:
-        estimate_memory("gpt5-huge", "cpu", 8, calibrate=False)
+        estimate_memory("gpt5-huge", "cpu", EstimateRequest(batch_size=8), EstimateOptions(calibrate=False))
     msg = str(info.value)
     assert "gpt5-huge" in msg and "gpt2-small" in msg and "tiny-mlp" in msg
 
 
 def test_unknown_hardware_lists_valid_names() -> None:
     with pytest.raises(SpecError) as info:
-        estimate_memory("tiny-mlp", "h900-sxm", 8, calibrate=False)
+        estimate_memory("tiny-mlp", "h900-sxm", EstimateRequest(batch_size=8), EstimateOptions(calibrate=False))
     msg = str(info.value)
     assert "h900-sxm" in msg and "h100-sxm" in msg and "a100-80gb" in msg
 
@@ -253,19 +258,20 @@ def test_unknown_hardware_lists_valid_names() -> None:
 @pytest.mark.parametrize("batch", [-1, -64])
 def test_negative_batch_is_rejected(batch: int) -> None:
     with pytest.raises(SpecError, match="positive"):
-        estimate_memory("tiny-mlp", "cpu", batch, calibrate=False)
+        estimate_memory("tiny-mlp", "cpu", EstimateRequest.of(batch), EstimateOptions(calibrate=False))
 
 
 def test_zero_batch_is_rejected() -> None:
     with pytest.raises(SpecError, match="positive"):
-        estimate_memory("tiny-mlp", "cpu", 0, calibrate=False)
+        estimate_memory("tiny-mlp", "cpu", EstimateRequest.of(0), EstimateOptions(calibrate=False))
 
 
 # --- against real runs (last: they wait on the background measurements) --------------------
 
 @pytest.mark.parametrize("name, batch, precision", ALLOC_CASES)
 def test_traced_allocated_matches_real_live_tensor_peak(real_runs, name: str, batch: int, precision: str) -> None:
-    est = estimate_memory(name, "cpu", batch, precision=precision, calibrate=False)
+    est = estimate_memory(name, "cpu", EstimateRequest(batch_size=batch, precision=precision),
+                          EstimateOptions(calibrate=False))
     assert est.method == "traced"
     real = real_runs[("alloc", name, batch, precision)].result().alloc_peak_bytes
     assert real and real > 0
@@ -279,10 +285,11 @@ def test_calibrated_total_matches_real_resident_set(real_runs, name: str, batch:
         future.result()
     runs = [real_runs[("rss", name, batch, i)].result().rss_delta_bytes for i in range(RSS_RUNS)]
     median = statistics.median(runs)
-    est = estimate_memory(name, "cpu", batch, calibrate=True, workload_args=args)
+    est = estimate_memory(name, "cpu", EstimateRequest(batch_size=batch), EstimateOptions(calibrate=True),
+                          workload_args=args)
     assert est.calibrated and est.predicts == "cpu_rss"
     assert est.total_bytes >= 150 * MB
-    # Issue 2: within 12% of a real small CPU run. (The calibration's runs used to report this test
-    # process's own resident set, ru_maxrss surviving the exec: fits came out at 0.5 x transient +
-    # 240 MiB and totals 20% over; advisor/procmem.py and test_procmem.py.)
+    # Issue 2: within 12% of a real small CPU run. (A calibration's run must not report this test
+    # process's own resident set, which ru_maxrss keeps across the exec: fits would come out at
+    # 0.5 x transient + 240 MiB and totals 20% over; advisor/procmem.py and test_procmem.py.)
     assert est.total_bytes == pytest.approx(median, rel=0.12), (est.total_bytes, runs, est.notes)

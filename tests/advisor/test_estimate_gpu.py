@@ -1,4 +1,4 @@
-"""Estimates for a CUDA target against real CUDA peaks (DESIGN.md): needs a GPU, skipped without one."""
+"""Estimates for a CUDA target against real CUDA peaks (docs/design.md): needs a GPU, skipped without one."""
 
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ def _need_gpu():
         pytest.skip("no CUDA GPU on this machine: the CUDA estimate is checked only where one exists")
 
 
-@pytest.mark.parametrize("workload,batch,precision", [("gpt2-small", 4, Precision.bf16), ("resnet50", 32, Precision.fp32)])
+@pytest.mark.parametrize("workload,batch,precision",
+                         [("gpt2-small", 4, Precision.bf16), ("resnet50", 32, Precision.fp32)])
 def test_cuda_estimate_within_12_percent_of_measured(workload, batch, precision):
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateRequest, estimate_memory
     from advisor.hardware import get_hardware
 
     hw = get_hardware("local")
-    est = estimate_memory(workload, hw, batch, precision=precision)
+    est = estimate_memory(workload, hw, EstimateRequest(batch_size=batch, precision=precision))
     real = measure(MeasureRequest(workload=workload, batch_size=batch, precision=precision, mode="cuda"))
     assert est.predicts == "cuda_reserved"
     assert abs(est.allocated_bytes - real.alloc_peak_bytes) / real.alloc_peak_bytes < 0.12
@@ -40,12 +41,13 @@ def test_cudnn_convolution_workspaces_are_sized_on_the_gpu(precision):
     """cuDNN's convolution workspaces come from the caching allocator inside the op; the CPU's fake
     ops know nothing of them. On this machine's GPU they are sized by running each shape once, which
     brings the allocated peak closer to the measured one than the trace without them."""
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.hardware import get_hardware
 
     hw = get_hardware("local")
-    sized = estimate_memory("resnet18", hw, 64, precision=precision)
-    unsized = estimate_memory("resnet18", hw, 64, precision=precision, calibrate=False)
+    sized = estimate_memory("resnet18", hw, EstimateRequest(batch_size=64, precision=precision))
+    unsized = estimate_memory("resnet18", hw, EstimateRequest(batch_size=64, precision=precision),
+                              EstimateOptions(calibrate=False))
     real = measure(MeasureRequest(workload="resnet18", batch_size=64, precision=precision, mode="cuda"))
     assert any("CUDA op shape(s)" in n for n in sized.notes), sized.notes
     assert not any("cuDNN" in n for n in unsized.notes)
@@ -59,12 +61,14 @@ def test_cudnn_lstm_reserve_space_is_sized_on_the_gpu(precision):
     """cuDNN's LSTM keeps a reserve space from forward to backward (and takes workspaces inside each
     op) that the CPU trace's per-layer fake op reports as nothing: on this machine's GPU each layer's
     shapes run once through cuDNN, which brings the allocated peak within reach of the measured one."""
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.hardware import get_hardware
 
     hw = get_hardware("local")
-    sized = estimate_memory("lstm", hw, 128, precision=precision, measured=False)
-    unsized = estimate_memory("lstm", hw, 128, precision=precision, calibrate=False, measured=False)
+    sized = estimate_memory("lstm", hw, EstimateRequest(batch_size=128, precision=precision),
+                            EstimateOptions(measured=False))
+    unsized = estimate_memory("lstm", hw, EstimateRequest(batch_size=128, precision=precision),
+                              EstimateOptions(calibrate=False, measured=False))
     real = measure(MeasureRequest(workload="lstm", batch_size=128, precision=precision, mode="cuda")).alloc_peak_bytes
     assert any("LSTM layers" in n for n in sized.notes), sized.notes
     assert sized.allocated_bytes > unsized.allocated_bytes
@@ -78,12 +82,13 @@ def test_a_reductions_buffer_is_sized_on_the_gpu():
     batch) takes a buffer for partial results inside its kernel: on this machine's GPU each reduction
     shape runs once (the default), or, not calibrating, its size is worked out from torch's launch rules
     (cuda_reduce.py); either brings the allocated peak within reach of the measured one."""
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.hardware import get_hardware
 
     hw = get_hardware("local")
-    sized = estimate_memory("mlp", hw, 4096, measured=False)
-    worked_out = estimate_memory("mlp", hw, 4096, calibrate=False, measured=False)
+    sized = estimate_memory("mlp", hw, EstimateRequest(batch_size=4096), EstimateOptions(measured=False))
+    worked_out = estimate_memory("mlp", hw, EstimateRequest(batch_size=4096),
+                                 EstimateOptions(calibrate=False, measured=False))
     real = measure(MeasureRequest(workload="mlp", batch_size=4096, mode="cuda")).alloc_peak_bytes
     assert any("reduction shape(s)" in n for n in worked_out.notes), worked_out.notes
     for est in (sized, worked_out):
@@ -146,13 +151,13 @@ def test_a_kernels_contiguous_copy_of_a_strided_input_is_sized_on_the_gpu():
     sees: the estimate for this machine's GPU runs such ops once on zeros of the same strides."""
     from pathlib import Path
 
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.hardware import get_hardware
 
     spec = f"{Path(__file__).with_name('strided_attention.py')}:build"
     hw = get_hardware("local")
-    probed = estimate_memory(spec, hw, 16, measured=False)
-    plain = estimate_memory(spec, hw, 16, calibrate=False, measured=False)
+    probed = estimate_memory(spec, hw, EstimateRequest(batch_size=16), EstimateOptions(measured=False))
+    plain = estimate_memory(spec, hw, EstimateRequest(batch_size=16), EstimateOptions(calibrate=False, measured=False))
     real = measure(MeasureRequest(workload=spec, batch_size=16, mode="cuda")).alloc_peak_bytes
     err = abs(probed.allocated_bytes - real) / real
     assert err <= abs(plain.allocated_bytes - real) / real

@@ -15,7 +15,7 @@ import pytest
 from advisor.errors import SpecError
 from advisor.export import export
 from advisor.hardware import get_hardware
-from probes.config import TrainingConfig
+from advisor.trial import TrainingConfig
 from search_spaces import SpaceContext, get_space, grid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,8 @@ def test_the_script_compiles_and_applies_every_knob():
     configs = grid(get_space("default"), SpaceContext(hardware=g8, conv_net=True, device_count=8, default_batch_size=8),
                    limit=100_000)[::211]
     configs += [TrainingConfig(device="cuda", batch_size=8, precision="bf16-pure", compile_mode="max-autotune",
-                               strategy="zero1", nproc=4, grad_accum=2, optimizer="sgd-momentum", optimizer_impl="fused"),
+                               strategy="zero1", nproc=4, grad_accum=2, optimizer="sgd-momentum",
+                               optimizer_impl="fused"),
                 TrainingConfig(batch_size=8, optimizer="rowwise-adagrad", pinning="cpus", cpu_list="0-1,3", threads=2)]
     assert len(configs) > 100
     for c in configs:
@@ -90,7 +91,8 @@ def test_the_script_compiles_and_applies_every_knob():
         assert not missing, (c, missing)
     pinned = export(configs[-1], WORKLOAD, {}, "python")
     assert "os.sched_setaffinity(0, {0, 1, 3})" in pinned and "RowWiseAdagrad" in pinned
-    assert "ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD" in export(configs[-2], WORKLOAD, {}, "python")
+    zero = export(configs[-2], WORKLOAD, {}, "python")
+    assert "ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD" in zero
 
 
 def _losses(out: str, steps: int) -> list[float]:

@@ -11,7 +11,8 @@ from pathlib import Path
 from advisor.fingerprint import config_key, fingerprint_payload, workload_fingerprint
 from advisor.workload import load_workload
 
-CHILD = ("import json,sys; from advisor.fingerprint import workload_fingerprint; from advisor.workload import load_workload; "
+CHILD = ("import json,sys; from advisor.fingerprint import workload_fingerprint; "
+         "from advisor.workload import load_workload; "
          "print(workload_fingerprint(load_workload(sys.argv[1], json.loads(sys.argv[2]))))")
 
 
@@ -38,7 +39,8 @@ def test_width_and_seq_len_change_the_fingerprint() -> None:
 
 def test_values_do_not_enter_the_fingerprint() -> None:
     # another seed gives other weights and batches of the same shapes: the same memory behaviour
-    assert workload_fingerprint(load_workload("tiny-gpt2", {"seed": 7})) == workload_fingerprint(load_workload("tiny-gpt2"))
+    seeded = workload_fingerprint(load_workload("tiny-gpt2", {"seed": 7}))
+    assert seeded == workload_fingerprint(load_workload("tiny-gpt2"))
 
 
 def test_batch_dimension_is_abstracted_and_model_built_on_meta() -> None:

@@ -1,4 +1,4 @@
-"""The heap replayed at a batch no run reached (advisor.estimate.heaplog): real logged runs, the real
+"""The heap replayed at a batch no run reached (advisor.estimate.resident.heaplog): real logged runs, the real
 logger and replayer built with this machine's C compiler, against real runs at the batch."""
 
 from __future__ import annotations
@@ -9,13 +9,15 @@ import statistics
 import numpy as np
 import pytest
 
-from advisor.estimate import estimate_memory, heaplog
+from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
+from advisor.estimate.resident import heaplog
 from advisor.measure import MeasureRequest, measure
 
 MiB = 1 << 20
 
 needs_tools = pytest.mark.skipif(heaplog.tools() is None,
-                                 reason="heaplog's logger cannot be built here: it needs Linux with glibc and a C compiler")
+                                 reason="heaplog's logger cannot be built here: "
+                                        "it needs Linux with glibc and a C compiler")
 
 
 def test_tensor_requests_are_resized_as_the_trace_resizes_them_and_nothing_else_is() -> None:
@@ -129,7 +131,8 @@ def test_a_draw_starts_the_heap_with_its_seed_bytes_held_and_seed_zero_with_none
     np.array([[heaplog.POSIX_MEMALIGN, 0x1000, 8 * MiB, 64], [heaplog.FREE, 0x1000, 0, 0]], dtype=np.uint64).tofile(log)
 
     def held(seed: int) -> int:
-        p = subprocess.run([str(heaplog.tools().replay), str(log), str(seed)], capture_output=True, text=True, check=True)
+        p = subprocess.run([str(heaplog.tools().replay), str(log), str(seed)], capture_output=True, text=True,
+                           check=True)
         m = re.fullmatch(r"held (\d+)\n", p.stderr)
         return int(m.group(1)) if m else 0
 
@@ -141,7 +144,8 @@ def test_a_draw_starts_the_heap_with_its_seed_bytes_held_and_seed_zero_with_none
 
 
 def test_the_draws_are_pooled_as_their_median_plus_the_runs_mean_excess() -> None:
-    runs = [heaplog.Replayed(excess=10, at_target=(100, 300, 200)), heaplog.Replayed(excess=30, at_target=(150, 400, 250))]
+    runs = [heaplog.Replayed(excess=10, at_target=(100, 300, 200)),
+            heaplog.Replayed(excess=30, at_target=(150, 400, 250))]
     assert heaplog.pooled(runs) == 225 + 20
     assert heaplog.pooled(runs[:1]) == 200 + 10
 
@@ -154,8 +158,7 @@ def test_a_logged_run_rescaled_to_a_larger_batch_and_replayed_predicts_a_run_the
     median of three real runs there. The log is not in the run's resident set: a logged run measures as an
     unlogged one does."""
     from advisor.config import OptimizerKind, Precision
-    from advisor.estimate.estimator import _batch_model, _make_request
-    from advisor.hardware import get_hardware
+    from advisor.estimate.estimator import _batch_model
     from advisor.workload import load_workload
 
     log = str(tmp_path / "run.heaplog")
@@ -164,9 +167,9 @@ def test_a_logged_run_rescaled_to_a_larger_batch_and_replayed_predicts_a_run_the
     records = heaplog.read_log(log)
     assert (records[:, 0] == heaplog.POSIX_MEMALIGN).sum() > 100 and (records[:, 0] == heaplog.FREE).sum() > 1000
     assert abs(logged - statistics.mean(plain)) < 0.05 * logged, (logged, plain)
-    req = _make_request(get_hardware("local"), 32, precision=Precision.fp32, optimizer=OptimizerKind.adamw,
-                        strategy="single", checkpointing=False, fused_backward=False, offload_optimizer=False,
-                        offload_params=False, optimizer_impl=None)
+    req = EstimateRequest.of(32, precision=Precision.fp32, optimizer=OptimizerKind.adamw, strategy="single",
+                             checkpointing=False, fused_backward=False, offload_optimizer=False, offload_params=False,
+                             optimizer_impl=None)
     bm = _batch_model(load_workload("tiny-gpt2", {}), req, cpu=True)
     own = heaplog.replay(log)
     assert 0.95 * bm.at(8).peak_bytes < own < logged, (own / MiB, bm.at(8).peak_bytes / MiB, logged / MiB)
@@ -186,12 +189,14 @@ def test_a_batch_past_its_runs_leans_on_their_heap_replayed_there_as_on_one_run(
     """tiny-gpt2 at 16 on this CPU: runs at 2, 4 and twice at 8, logged; their heap replayed at 16 stands as
     one run there, so the estimate lies half way from the fit's line to it (the note gives both), and a
     search comparing batch sizes keeps the line."""
-    from advisor.estimate.calibrate import Calibration
-    from advisor.estimate.estimator import _CALIBRATIONS
+    from advisor.estimate.resident.calibration import Calibration
+    from advisor.estimate.resident.measured import _CALIBRATIONS
 
-    est = estimate_memory("tiny-gpt2", "cpu", 16, calibrate=True, measured=False)
+    est = estimate_memory("tiny-gpt2", "cpu", EstimateRequest(batch_size=16),
+                          EstimateOptions(calibrate=True, measured=False))
     note = next(n for n in est.notes if n.startswith("resident set at batch 16"))
-    m = re.search(r"batch 16: (\d+) MiB, the fit's (\d+) MiB drawn 1/2 of the way .* glibc, \d times each .*\((\d+) MiB, the draws' median, weighed as one run\)",
+    m = re.search(r"batch 16: (\d+) MiB, the fit's (\d+) MiB drawn 1/2 of the way .* glibc, \d times each "
+                  r".*\((\d+) MiB, the draws' median, weighed as one run\)",
                   note)
     assert m, note
     at, line, replayed = map(int, m.groups())
@@ -206,7 +211,7 @@ def test_a_batch_past_its_runs_leans_on_their_heap_replayed_there_as_on_one_run(
 
 
 def test_without_a_c_compiler_nothing_is_logged_and_the_calibration_goes_without(tmp_path, monkeypatch) -> None:
-    from advisor.estimate.calibrate import replays_heap
+    from advisor.estimate.resident.calibrate import replays_heap
     from advisor.settings import get_settings
 
     monkeypatch.setenv("ADVISOR_DATA_DIR", str(tmp_path))

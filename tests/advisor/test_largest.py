@@ -52,22 +52,24 @@ def test_an_answer_the_line_gets_right_costs_one_trace():
 
 
 def test_the_largest_batch_search_reaches_its_limit():
-    """A small model on a large GPU fits past 2**21 samples: the doubling stopped at the limit (2**22) without
-    testing it and answered 2**21; the answer now lies anywhere up to the limit, and fits there."""
-    from advisor.estimate import estimate_memory
+    """A small model on a large GPU fits past 2**21 samples: the answer lies anywhere up to the limit (2**22),
+    and fits there, rather than 2**21 where the doubling reaches the limit untested."""
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.estimate.evaluator import MAX_BATCH_LIMIT
 
-    est = estimate_memory("mlp", "h200", 32768, precision="bf16", measured=False)
+    est = estimate_memory("mlp", "h200", EstimateRequest(batch_size=32768, precision="bf16"),
+                          EstimateOptions(measured=False))
     assert MAX_BATCH_LIMIT // 2 < est.max_batch_size <= MAX_BATCH_LIMIT
-    assert estimate_memory("mlp", "h200", est.max_batch_size, precision="bf16", measured=False).fits
+    assert estimate_memory("mlp", "h200", EstimateRequest(batch_size=est.max_batch_size, precision="bf16"),
+                           EstimateOptions(measured=False)).fits
 
 
 def test_an_answer_at_the_search_limit_says_a_larger_batch_may_fit():
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.estimate.evaluator import MAX_BATCH_LIMIT
 
-    capped = estimate_memory("tiny-mlp", "h200", 64, measured=False)
+    capped = estimate_memory("tiny-mlp", "h200", EstimateRequest(batch_size=64), EstimateOptions(measured=False))
     assert capped.max_batch_size == MAX_BATCH_LIMIT
     assert any(f"at least {MAX_BATCH_LIMIT} (single)" in n for n in capped.notes)
-    below = estimate_memory("tiny-mlp", "t4", 64, measured=False)
+    below = estimate_memory("tiny-mlp", "t4", EstimateRequest(batch_size=64), EstimateOptions(measured=False))
     assert below.max_batch_size < MAX_BATCH_LIMIT and not any("search's limit" in n for n in below.notes)

@@ -18,7 +18,8 @@ IMPLEMENTATIONS = {"jsonl": JsonlPeaks}
 
 
 def _point(batch: int, peak: int, **kw) -> PeakPoint:
-    base = dict(fingerprint="f" * 32, device="cpu", world_size=1, precision="fp32", optimizer="adamw", strategy="single",
+    base = dict(fingerprint="f" * 32, device="cpu", world_size=1, precision="fp32", optimizer="adamw",
+                strategy="single",
                 checkpointing=False, fused_backward=False, quantity="cpu_rss", batch_size=batch, peak_bytes=peak)
     return PeakPoint(**(base | kw))
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from advisor.errors import TrialError
-from advisor.estimate.calibrate import _run_parallel
+from advisor.estimate.resident.calibrate import _run_parallel
 from advisor.measure import PROFILED_MMAP_THRESHOLD, MeasureRequest, child_env, measure
 from advisor.procmem import MMAP_THRESHOLD_MAX, available_bytes, current_rss, malloc_env, mark_peak, peak_rss
 

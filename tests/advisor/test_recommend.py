@@ -14,7 +14,7 @@ from advisor.errors import SpecError
 from advisor.hardware import get_hardware
 from advisor.recommend import PER_SAMPLES, recommend
 from advisor.settings import get_settings
-from probes.config import CompileMode, TrainingConfig, inapplicable
+from advisor.trial import CompileMode, TrainingConfig, inapplicable
 
 A100_BEST = TrainingConfig(device="cuda", batch_size=4096, precision="bf16", num_workers=2)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from stored_bests import GPT_ARGS, store_best
 
-from probes.config import TrainingConfig
+from advisor.trial import TrainingConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 BEST = TrainingConfig(device="cuda", batch_size=512, precision="bf16", num_workers=2, pin_memory=True, nproc=2,

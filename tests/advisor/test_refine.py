@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from advisor.estimate import estimate_memory
-from advisor.estimate.calibrate import SLOPE_PRIOR_MEAN, SLOPE_PRIOR_SD, UNREPEATED_NOISE
+from advisor.estimate import EstimateOptions, estimate_memory
 from advisor.estimate.model import EstimateRequest
-from advisor.estimate.overhead import CPU_DEFAULT, CpuCalibration
 from advisor.estimate.refine import CAUTION, refine
+from advisor.estimate.resident.calibration import UNREPEATED_NOISE
+from advisor.estimate.resident.fit import SLOPE_PRIOR_MEAN, SLOPE_PRIOR_SD
+from advisor.estimate.resident.overhead import CPU_DEFAULT, CpuCalibration
 from advisor.hardware import get_hardware
 from advisor.measure import MeasureRequest, measure
 from advisor.peaks import JsonlPeaks, record_measured_peak
@@ -62,20 +63,27 @@ def test_no_points_no_refinement() -> None:
 def test_estimate_uses_only_points_of_its_own_configuration(tmp_path: Path) -> None:
     store = JsonlPeaks(tmp_path)
     wl, hw = load_workload("tiny-mlp"), get_hardware("cpu")
-    base = estimate_memory("tiny-mlp", "cpu", 64, calibrate=False, measured=store)
+    base = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=64),
+                           EstimateOptions(calibrate=False, measured=store))
     assert base.refined_by == 0
-    record_measured_peak(wl, hw, base.request, "none", base.total_bytes + 40 * MB, "cpu_rss", base.total_bytes, store=store)
-    other = estimate_memory("tiny-mlp", "cpu", 64, precision="bf16", calibrate=False, measured=store)
+    record_measured_peak(wl, hw, base.request, "none", base.total_bytes + 40 * MB, "cpu_rss", base.total_bytes,
+                         store=store)
+    other = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=64, precision="bf16"),
+                            EstimateOptions(calibrate=False, measured=store))
     assert other.refined_by == 0  # another precision: another key
-    compiled = estimate_memory("tiny-mlp", "cpu", 64, calibrate=False, measured=store, compile_mode="default")
+    compiled = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=64),
+                               EstimateOptions(calibrate=False, measured=store, compile_mode="default"))
     assert compiled.refined_by == 0
-    ref = estimate_memory("tiny-mlp", "cpu", 64, calibrate=False, measured=store)
+    ref = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=64),
+                          EstimateOptions(calibrate=False, measured=store))
     assert ref.refined_by == 1 and ref.total_bytes == base.total_bytes + 40 * MB
     assert sum(ref.breakdown.model_dump().values()) == ref.total_bytes
     assert any("refined by 1 measured peak(s)" in n for n in ref.notes)
-    off = estimate_memory("tiny-mlp", "cpu", 64, calibrate=False, measured=False)
+    off = estimate_memory("tiny-mlp", "cpu", EstimateRequest(batch_size=64),
+                          EstimateOptions(calibrate=False, measured=False))
     assert off.refined_by == 0 and off.total_bytes == base.total_bytes
-    nominal = estimate_memory("tiny-mlp", "cpu:1", 64, calibrate=False, measured=store)  # not this host
+    nominal = estimate_memory("tiny-mlp", "cpu:1", EstimateRequest(batch_size=64),
+                              EstimateOptions(calibrate=False, measured=store))  # not this host
     assert nominal.refined_by == 0
 
 
@@ -84,9 +92,10 @@ def test_estimate_uses_only_points_of_its_own_configuration(tmp_path: Path) -> N
 def _resident_parts(workload: str, batches: tuple[int, ...]) -> dict[int, tuple[int, int, int]]:
     """(persistent, heap-served transient over the persistent peak, mapped transient over the persistent
     peak) bytes at each batch: the terms of the CPU resident-set model the estimator fits
-    (overhead.CpuCalibration), from its own traces (strategy.resident_terms)."""
+    (resident.overhead.CpuCalibration), from its own traces (terms.resident_terms)."""
     from advisor.estimate.estimator import _batch_model
-    from advisor.estimate.strategy import resident_terms, scaled_curve
+    from advisor.estimate.resident.terms import resident_terms
+    from advisor.estimate.strategy import scaled_curve
 
     req = EstimateRequest(batch_size=batches[0])
     bm = _batch_model(load_workload(workload), req, cpu=True)
@@ -107,7 +116,8 @@ def test_cpu_measured_peaks_join_the_resident_set_fit_and_give_its_largest_batch
         record_measured_peak(wl, get_hardware("cpu"), EstimateRequest(batch_size=b), "none", resident[b], "cpu_rss",
                              None, store=store)
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": resident[600]})
-    est = estimate_memory("tiny-gpt2", hw, 300, calibrate=False, measured=store, margin=0.0)
+    est = estimate_memory("tiny-gpt2", hw, EstimateRequest(batch_size=300),
+                          EstimateOptions(calibrate=False, margin=0.0, measured=store))
     assert est.refined_by == 2 and not est.calibrated
     assert est.total_bytes == pytest.approx(resident[300], rel=0.01)
     note = next(n for n in est.notes if "refined by 2 measured peak(s)" in n)
@@ -125,12 +135,16 @@ def test_cpu_measured_peaks_join_the_resident_set_fit_and_give_its_largest_batch
 
 def test_one_cpu_measured_peak_fixes_the_intercept_under_the_default_slope(tmp_path: Path) -> None:
     store, wl = JsonlPeaks(tmp_path), load_workload("tiny-gpt2")
-    base64 = estimate_memory("tiny-gpt2", "cpu", 64, calibrate=False, measured=store)
-    base512 = estimate_memory("tiny-gpt2", "cpu", 512, calibrate=False, measured=store)
+    base64 = estimate_memory("tiny-gpt2", "cpu", EstimateRequest(batch_size=64),
+                             EstimateOptions(calibrate=False, measured=store))
+    base512 = estimate_memory("tiny-gpt2", "cpu", EstimateRequest(batch_size=512),
+                              EstimateOptions(calibrate=False, measured=store))
     record_measured_peak(wl, get_hardware("cpu"), base64.request, "none", base64.total_bytes + 40 * MB, "cpu_rss",
                          base64.total_bytes, store=store)
-    after64 = estimate_memory("tiny-gpt2", "cpu", 64, calibrate=False, measured=store)
-    after512 = estimate_memory("tiny-gpt2", "cpu", 512, calibrate=False, measured=store)
+    after64 = estimate_memory("tiny-gpt2", "cpu", EstimateRequest(batch_size=64),
+                              EstimateOptions(calibrate=False, measured=store))
+    after512 = estimate_memory("tiny-gpt2", "cpu", EstimateRequest(batch_size=512),
+                               EstimateOptions(calibrate=False, measured=store))
     assert after64.total_bytes == pytest.approx(base64.total_bytes + 40 * MB, abs=2)  # the fit runs through the point
     assert after512.total_bytes - base512.total_bytes == pytest.approx(40 * MB, abs=2)  # same slope, new intercept
     assert any(f"{CPU_DEFAULT.slope:.2f} x transient + {(CPU_DEFAULT.intercept + 40 * MB) / MiB:.0f} MiB" in n
@@ -138,7 +152,8 @@ def test_one_cpu_measured_peak_fixes_the_intercept_under_the_default_slope(tmp_p
     # One batch size says nothing of the slope: the largest batch under a cap is solved with it
     # CAUTION prior SDs steeper too, through the point, and the smaller answer kept.
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": after512.total_bytes})
-    capped = estimate_memory("tiny-gpt2", hw, 64, calibrate=False, measured=store, margin=0.0)
+    capped = estimate_memory("tiny-gpt2", hw, EstimateRequest(batch_size=64),
+                             EstimateOptions(calibrate=False, margin=0.0, measured=store))
     steeper = CPU_DEFAULT.slope + CAUTION * SLOPE_PRIOR_SD
     assert any(f"posterior SDs steeper ({steeper:.2f})" in n for n in capped.notes), capped.notes
     assert 64 < capped.max_batch_size < 512  # 512 is where the fitted slope meets the cap
@@ -147,8 +162,9 @@ def test_one_cpu_measured_peak_fixes_the_intercept_under_the_default_slope(tmp_p
 def test_a_cpu_measured_peak_weighs_like_one_calibration_run() -> None:
     # Three calibration runs on one line and a fourth point 60 MB above it: the fit moves by about a
     # quarter of that at the point, not all of it (a shift would move it by 60 MB everywhere).
-    from advisor.estimate.calibrate import Calibration, with_measured_peaks
     from advisor.estimate.estimator import _batch_model
+    from advisor.estimate.resident.calibration import Calibration
+    from advisor.estimate.resident.fit import with_measured_peaks
 
     req = EstimateRequest(batch_size=64)
     bm = _batch_model(load_workload("tiny-gpt2"), req, cpu=True)
@@ -170,7 +186,7 @@ def test_cuda_measured_peaks_at_two_batch_sizes_give_an_affine_max_batch(tmp_pat
     points = {16: 2_000 * MB, 48: 2_600 * MB}  # 18.75 MB per sample
     for b, peak in points.items():
         record_measured_peak(wl, hw, EstimateRequest(batch_size=b), "none", peak, "cuda_reserved", None, store=store)
-    est = estimate_memory("tiny-gpt2", hw, 48, measured=store)
+    est = estimate_memory("tiny-gpt2", hw, EstimateRequest(batch_size=48), EstimateOptions(measured=store))
     assert est.refined_by == 2 and est.predicts == "cuda_reserved"
     fit = lambda b: 2_000 * MB + 18.75 * MB * (b - 16)  # noqa: E731 - the line through the two points
     assert est.total_bytes == pytest.approx(fit(48), abs=1)
@@ -199,12 +215,13 @@ def test_real_measured_peaks_refine_the_largest_batch_and_it_fits(tmp_path: Path
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": cap})
     for b, peak in points.items():
         record_measured_peak(wl, hw, EstimateRequest(batch_size=b), "none", peak, "cpu_rss", None, store=store)
-    est = estimate_memory("tiny-gpt2", hw, 128, calibrate=False, measured=store, margin=0.0)
+    est = estimate_memory("tiny-gpt2", hw, EstimateRequest(batch_size=128),
+                          EstimateOptions(calibrate=False, margin=0.0, measured=store))
     assert est.refined_by == 2 and any("refined by 2 measured peak(s) at batch size(s) 32, 128" in n for n in est.notes)
     assert est.max_batch_size > 128
     with ThreadPoolExecutor(max_workers=2) as pool:
         real = _median(_rss(pool, est.max_batch_size, 3))
     # Two single runs are all it has, so the answer keeps UNREPEATED_NOISE of its own resident set
-    # clear (calibrate.Calibration.noise_share): with RUN_NOISE kept instead, the median of 3 here
-    # came out 0.7 MB (CI) and 1.7 MB (session 21's AMD VM) over the cap.
+    # clear (calibration.Calibration.noise_share): with RUN_NOISE kept instead, the median of 3 here
+    # is 0.7 MB to 1.7 MB (on an AMD host) over the cap.
     assert real <= cap, (real, cap, points, est.notes)

@@ -36,8 +36,8 @@ def test_tied_embedding_gradients_are_summed_as_the_real_engine_sums_them(precis
 
 
 # Run in a fresh process, as the protocol runs its steps: after some 300 other tests in one pytest
-# process (tests/advisor, this Intel Xeon VM, 2026-11-24) the real step's workspaces came out 43 MB
-# more resident than in a fresh process, where the fake trace's probe had not moved (cause not found).
+# process (tests/advisor, on an Intel Xeon) the real step's workspaces are 43 MB more resident than in
+# a fresh process, where the fake trace's probe does not move (cause not found).
 _RNN_SCRIPT = """
 import json
 from advisor.config import OptimizerKind, Precision
@@ -119,23 +119,23 @@ def test_a_reductions_float32_copy_of_a_bf16_input_is_measured_where_the_target_
 
 
 def test_a_probes_scratch_is_split_into_its_largest_block_and_the_rest() -> None:
-    from advisor.estimate.trace import _scratch_blocks
+    from advisor.estimate.scratch_cpu import scratch_blocks
 
     # a mean over bf16 (16, 256, 128) here: its 4 KiB output kept, 8 KiB and a 2 MiB float32 copy freed inside
-    assert _scratch_blocks([4096, 8192, 2 << 20, -(2 << 20), 8, 4, -4, -8, -8192]) == (2 << 20, 8192)
+    assert scratch_blocks([4096, 8192, 2 << 20, -(2 << 20), 8, 4, -4, -8, -8192]) == (2 << 20, 8192)
     # the largest block at the peak is one freed by the end, not the output that stays (a short reduced dimension)
-    assert _scratch_blocks([64 << 20, 1 << 20, -(1 << 20)]) == (1 << 20, 0)
+    assert scratch_blocks([64 << 20, 1 << 20, -(1 << 20)]) == (1 << 20, 0)
     # frees pair with the last live block of their size; a block freed before the peak is not in it
-    assert _scratch_blocks([10, 20, -20, 5, -5, -10]) == (20, 10)
-    assert _scratch_blocks([30, -30, 8, 4, -4, -8]) == (30, 0)
-    assert _scratch_blocks([]) == (0, 0)
+    assert scratch_blocks([10, 20, -20, 5, -5, -10]) == (20, 10)
+    assert scratch_blocks([30, -30, 8, 4, -4, -8]) == (30, 0)
+    assert scratch_blocks([]) == (0, 0)
 
 
 def test_traces_probed_for_copies_at_two_batch_sizes_extrapolate_per_allocation() -> None:
     # 256 positions: softmax's backward copies 256 KiB of transposed gradient per sample, under 1 MiB at
-    # batch 2 and over it at 8. A size threshold on the probe had the trace at 8 probe the op and the one
-    # at 2 not: the two traces then made different allocations, and the batch model fell back to
-    # interpolating peak moments, whose long-lived peak came out wrong away from the traced batches
+    # batch 2 and over it at 8. A size threshold on the probe would have the trace at 8 probe the op and the
+    # one at 2 not: the two traces would make different allocations, and the batch model fall back to
+    # interpolating peak moments, whose long-lived peak is wrong away from the traced batches
     from pathlib import Path
 
     from advisor.estimate.batchmodel import BatchModel
@@ -154,15 +154,15 @@ def test_traces_probed_for_copies_at_two_batch_sizes_extrapolate_per_allocation(
 def test_a_probe_past_its_input_limit_at_one_batch_size_keeps_the_traces_aligned(monkeypatch) -> None:
     # Softmax's backward on 256 positions takes 512 KiB of inputs per sample: 1 MiB at batch 2, 4 MiB at
     # 8. With the probe's input limit between them the op is probed at 2 and left unsized at 8; its
-    # scratch is then 0 bytes at 8, and a trace that recorded no allocation for it there made the two
-    # traces' allocations differ, so the batch model fell back to interpolating peak moments
+    # scratch is then 0 bytes at 8, and a trace that recorded no allocation for it there would make the two
+    # traces' allocations differ, so the batch model would fall back to interpolating peak moments
     from pathlib import Path
 
-    from advisor.estimate import trace as trace_mod
+    from advisor.estimate import kernel_probe
     from advisor.estimate.batchmodel import BatchModel
     from advisor.estimate.strategy import persistent_transient
 
-    monkeypatch.setattr(trace_mod, "PROBE_INPUT_LIMIT", 5 << 19)  # 2.5 MiB
+    monkeypatch.setattr(kernel_probe, "PROBE_INPUT_LIMIT", 5 << 19)  # 2.5 MiB
     wl = load_workload(f"{Path(__file__).with_name('strided_attention.py')}:build", {"positions": 256})
     kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False, cpu_workspaces=True)
     hi, lo, mid = (trace_training(wl, b, **kw) for b in (8, 2, 4))
@@ -174,7 +174,7 @@ def test_a_probe_past_its_input_limit_at_one_batch_size_keeps_the_traces_aligned
 
 
 def test_a_cuda_targets_trace_puts_on_the_device_what_to_cuda_moves_there_in_its_order() -> None:
-    """DESIGN.md's CUDA run builds the model on the CPU and moves it (`build_model().to("cuda")`), then each
+    """docs/design.md's CUDA run builds the model on the CPU and moves it (`build_model().to("cuda")`), then each
     batch. So a CUDA target's trace starts with exactly what torch's `.to()` makes, in its order: each child's
     parameters before its parent's own, a tied weight once, no weight its constructor replaced, no
     initializer's scratch; then each batch tensor copied on its own, two views of one token tensor as two
@@ -213,7 +213,8 @@ def test_a_cuda_targets_trace_puts_on_the_device_what_to_cuda_moves_there_in_its
     # `Module._apply`: children first (word; proj's weight and bias; out's bias, its weight being word's), then
     # the module's own parameter (scale) and buffer (mask); then the batch's two views, 4 x 8 int64 each
     moved = [500 * 32 * 4, 32 * 32 * 4, 32 * 4, 500 * 4, 3 * 4, 7 * 4, 4 * 8 * 8, 4 * 8 * 8]
-    cuda = trace_training(wl, 4, precision=Precision.fp32, optimizer=OptimizerKind.adamw, device="cuda", count_flops=False)
+    cuda = trace_training(wl, 4, precision=Precision.fp32, optimizer=OptimizerKind.adamw, device="cuda",
+                          count_flops=False)
     assert cuda.sizes[:len(moved)].tolist() == moved
     cpu = trace_training(wl, 4, precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
     build = cpu.sizes[:cpu.sizes.tolist().index(4 * 9 * 8)]  # up to the token tensor, made whole on the CPU
@@ -251,7 +252,7 @@ def test_a_build_that_reads_a_value_in_an_initializer_is_traced_with_the_initial
     from torch import nn
 
     from advisor.errors import EstimateError
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     original = {n: getattr(nn.init, n) for n in ("trunc_normal_", "kaiming_uniform_", "normal_")}
     kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
@@ -259,7 +260,8 @@ def test_a_build_that_reads_a_value_in_an_initializer_is_traced_with_the_initial
     assert skipped.init_skipped and not plain.init_skipped
     assert skipped.peak_bytes == plain.peak_bytes and np.array_equal(skipped.curve.max(axis=0), plain.curve.max(axis=0))
     assert all(getattr(nn.init, n) is f for n, f in original.items())
-    est = estimate_memory(_init_net("trunc_normal"), "h100-sxm", 16, calibrate=False, measured=False)
+    est = estimate_memory(_init_net("trunc_normal"), "h100-sxm", EstimateRequest(batch_size=16),
+                          EstimateOptions(calibrate=False, measured=False))
     assert est.method == "traced" and any("initializers skipped" in n for n in est.notes), est.notes
     with pytest.raises(EstimateError, match="data-dependent"):
         trace_training(_init_net("own"), 16, **kw)
@@ -268,9 +270,9 @@ def test_a_build_that_reads_a_value_in_an_initializer_is_traced_with_the_initial
 
 def test_layers_deep_copied_on_fake_tensors_are_traced_as_the_real_run_allocates() -> None:
     # nn.TransformerEncoder deep-copies its layer; on fake tensors the copies' parameters belong to another
-    # fake mode, and every op on one converted it afresh, a storage of its own each time, which the trace
-    # took for a new allocation at each use (session 46's CTC model: +4.6%). The fake trace now allocates
-    # what the real run's does, to the byte.
+    # fake mode, and every op on one converts it afresh, a storage of its own each time, which a trace would
+    # take for a new allocation at each use (+4.6% on a CTC model). The fake trace allocates what the real
+    # run's does, to the byte.
     import torch.nn.functional as F
     from torch import nn
 
@@ -281,7 +283,8 @@ def test_layers_deep_copied_on_fake_tensors_are_traced_as_the_real_run_allocates
         return nn.Sequential(nn.TransformerEncoder(layer, 3, enable_nested_tensor=False), nn.Linear(64, 8))
 
     wl = Workload(name="deep-copied", build_model=build_model, make_batch=lambda n: (torch.randn(n, 32, 64),
-                  torch.randint(0, 8, (n, 32))), loss_fn=lambda m, b: F.cross_entropy(m(b[0]).flatten(0, 1), b[1].flatten()))
+                  torch.randint(0, 8, (n, 32))),
+                  loss_fn=lambda m, b: F.cross_entropy(m(b[0]).flatten(0, 1), b[1].flatten()))
     kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
     fake, real = trace_training(wl, 4, **kw), trace_training(wl, 4, fake=False, **kw)
     assert fake.peak_bytes == real.peak_bytes, (fake.peak_bytes, real.peak_bytes)
@@ -290,8 +293,8 @@ def test_layers_deep_copied_on_fake_tensors_are_traced_as_the_real_run_allocates
 
 def test_a_buffer_kept_from_an_earlier_trace_is_counted_in_the_next() -> None:
     # a build that takes a buffer from a module-level cache keeps the first trace's fake tensor, of another fake
-    # mode, in the second: adopted into the trace's mode (_adopt_copies), it is counted there as in the first
-    # (without that, 512 KiB less in session 51)
+    # mode, in the second: adopted into the trace's mode (fake_build._adopt_copies), it is counted there as in the first
+    # (without that, 512 KiB less)
     import functools
 
     import torch.nn.functional as F
@@ -313,7 +316,8 @@ def test_a_buffer_kept_from_an_earlier_trace_is_counted_in_the_next() -> None:
             return self.lin(x + self.pe)
 
     wl = Workload(name="cached", build_model=Cached, make_batch=lambda n: (torch.randn(n, 256, 512),
-                  torch.randint(0, 10, (n, 256))), loss_fn=lambda m, b: F.cross_entropy(m(b[0]).flatten(0, 1), b[1].flatten()))
+                  torch.randint(0, 10, (n, 256))),
+                  loss_fn=lambda m, b: F.cross_entropy(m(b[0]).flatten(0, 1), b[1].flatten()))
     kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
     first, second = trace_training(wl, 4, **kw), trace_training(wl, 4, **kw)
     assert first.peak_bytes == second.peak_bytes and first.param_bytes == second.param_bytes
@@ -322,9 +326,8 @@ def test_a_buffer_kept_from_an_earlier_trace_is_counted_in_the_next() -> None:
 def test_a_momentum_encoder_deep_copied_with_its_batch_norm_is_traced_on_fake_tensors() -> None:
     # MoCo/BYOL/EMA: a deep copy of an encoder that holds a BatchNorm, updated in place in forward and never by
     # the optimizer. torch's own deep copy of BatchNorm's num_batches_tracked (a fake tensor made from data)
-    # raised on fake tensors and left the heap corrupt: the trace fell back to real steps, and the next trace
-    # in the process crashed (session 51, bench/workloads/fresh7.py:moco). Traced three times here, fake and
-    # real, to the byte.
+    # raises on fake tensors and leaves the heap corrupt, so that the next trace in the process crashes
+    # (bench/workloads/fresh7.py:moco). Traced three times here, fake and real, to the byte.
     import copy
 
     import torch.nn.functional as F
@@ -373,21 +376,23 @@ def test_quantization_aware_training_prepared_on_fake_tensors_is_traced_as_the_r
         m.qconfig = tq.get_default_qat_qconfig("x86")
         return tq.prepare_qat(m)
 
-    wl = Workload(name="qat", build_model=build, make_batch=lambda n: (torch.randn(n, 3, 16, 16), torch.randint(0, 4, (n,))),
+    wl = Workload(name="qat", build_model=build,
+                  make_batch=lambda n: (torch.randn(n, 3, 16, 16), torch.randint(0, 4, (n,))),
                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
     kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
     fake, real = trace_training(wl, 8, **kw), trace_training(wl, 8, fake=False, **kw)
-    assert fake.peak_bytes == real.peak_bytes and fake.param_bytes == real.param_bytes, (fake.peak_bytes, real.peak_bytes)
+    assert fake.peak_bytes == real.peak_bytes and fake.param_bytes == real.param_bytes, (
+        fake.peak_bytes, real.peak_bytes)
 
 
 def test_modules_converted_on_fake_tensors_are_traced_pure_bf16_and_as_built() -> None:
-    # torch 2.13 swaps a fake parameter with its converted copy in nn.Module._apply, and the swap refused it:
-    # the estimator's own pure-bf16 cast raised, so every bf16-pure estimate fell back to real steps (and a
-    # model with BatchNorm failed those at batch 1), as did a build that calls .half() or sets channels_last.
+    # torch 2.13 swaps a fake parameter with its converted copy in nn.Module._apply, and the swap refuses it
+    # unhandled: the estimator's own pure-bf16 cast would raise and fall back to real steps (which a model with
+    # BatchNorm fails at batch 1), as would a build that calls .half() or sets channels_last.
     import torch.nn.functional as F
     from torch import nn
 
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.workload import Workload
 
     def net(channels_last: bool):
@@ -409,17 +414,18 @@ def test_modules_converted_on_fake_tensors_are_traced_pure_bf16_and_as_built() -
         reals.append(real)
     params = sum(p.numel() for p in net(False).build_model().parameters())
     assert reals[0].param_bytes < 2.2 * params < reals[1].param_bytes  # bf16 weights (and buffers), fp32 ones
-    est = estimate_memory(net(False), "h100-sxm", 4, precision="bf16-pure", calibrate=False, measured=False)
+    est = estimate_memory(net(False), "h100-sxm", EstimateRequest(batch_size=4, precision="bf16-pure"),
+                          EstimateOptions(calibrate=False, measured=False))
     assert est.method == "traced" and est.breakdown.parameters == reals[0].param_bytes, (est.method, est.notes)
 
 
 def test_torch_distributions_are_traced_on_fake_tensors_without_their_argument_checks() -> None:
     # a VAE whose loss builds torch.distributions (validated by default): each check reads its parameters'
-    # values, so the fake trace raised and the estimate fell back to real steps for the whole model
+    # values, so with the checks on the fake trace raises and the estimate falls back to real steps
     from torch import distributions as D
     from torch import nn
 
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.workload import Workload
 
     class VAE(nn.Module):
@@ -439,13 +445,14 @@ def test_torch_distributions_are_traced_on_fake_tensors_without_their_argument_c
     fake, real = trace_training(wl, 8, **kw), trace_training(wl, 8, fake=False, **kw)
     assert fake.peak_bytes == real.peak_bytes, (fake.peak_bytes, real.peak_bytes)
     assert D.Distribution._validate_args  # the default is back after the trace
-    est = estimate_memory(wl, "h100-sxm", 8, calibrate=False, measured=False)
+    est = estimate_memory(wl, "h100-sxm", EstimateRequest(batch_size=8),
+                          EstimateOptions(calibrate=False, measured=False))
     assert est.method == "traced", est.notes
 
 
 def test_a_sparse_adjacency_is_traced_as_its_index_and_value_tensors() -> None:
     # a GCN on a sparse COO adjacency (torch.sparse.mm): a sparse tensor has no storage, and the trace asked for
-    # one (both traces raised, session 51). Its memory is its indices' and values'; fake ops keep no entries, so
+    # one, and both traces raised. Its memory is its indices' and values'; fake ops keep no entries, so
     # the coalesced batch and backward's transposed adjacency are sized as holding as many as their input.
     wl = load_workload(f"{Path(__file__).with_name('gcn.py')}:build")
     kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
@@ -461,24 +468,27 @@ def test_a_sparse_adjacency_is_traced_as_its_index_and_value_tensors() -> None:
 def test_a_sparse_products_own_buffer_is_probed_on_an_adjacency_of_as_many_entries(batch: int) -> None:
     # torch.sparse.mm's CPU kernel holds a buffer of its output's size beside the output, which neither trace
     # sees: a probe runs each sparse op once on a real adjacency of as many entries as the trace holds
-    # (trace._sparse_op). Without it the GCN's allocated estimate was 10% under the profiler's live peak.
-    from advisor.estimate import estimate_memory
+    # (scratch_cpu.is_sparse_op). Without it the GCN's allocated estimate is 10% under the profiler's live peak.
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     spec = f"{Path(__file__).with_name('gcn.py')}:build"
-    est = estimate_memory(spec, "cpu", batch, precision="fp32", optimizer="adamw", calibrate=False, measured=False)
+    est = estimate_memory(spec, "cpu", EstimateRequest(batch_size=batch, precision="fp32", optimizer="adamw"),
+                          EstimateOptions(calibrate=False, measured=False))
     real = measure(MeasureRequest(workload=spec, batch_size=batch, precision="fp32", optimizer="adamw", mode="alloc"))
     assert est.method == "traced", est.notes
     assert abs(est.allocated_bytes / real.alloc_peak_bytes - 1) <= 0.01, (est.allocated_bytes, real.alloc_peak_bytes)
 
 
 def test_a_16_bit_matrix_products_scratch_is_probed_on_this_cpu() -> None:
-    # oneDNN's 16-bit matmul on a CPU with AMX holds a float32 buffer of its output's size or more beside the
-    # output, through torch's allocator, where no dispatch shows it (trace._half_product). tiny-vit in fp16 at
-    # batch 8: the estimate was 4.4% under the profiler's live peak on such a CPU (session 54); where a CPU's
-    # products hold no such buffer, none are probed (trace._products_holding_scratch) and the estimate stays exact.
-    from advisor.estimate import estimate_memory
+    # oneDNN's 16-bit matmul on a CPU with AMX holds a buffer beside its output, through torch's allocator, where no
+    # dispatch shows it (scratch_cpu.is_half_product). tiny-vit in fp16 at batch 8: without the probe, the estimate is
+    # 4.4% under the profiler's live peak on such a CPU; where a CPU's products hold no such buffer, none are probed
+    # (scratch_cpu.products_holding_scratch) and the estimate stays exact. Only batch 8 is checked, so the largest
+    # batch is not searched on exact traces (each probes every product at batches near 10^5).
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
-    est = estimate_memory("tiny-vit", "cpu", 8, precision="fp16", optimizer="adamw", calibrate=False, measured=False)
+    est = estimate_memory("tiny-vit", "cpu", EstimateRequest(batch_size=8, precision="fp16", optimizer="adamw"),
+                          EstimateOptions(calibrate=False, measured=False, exact_largest=False))
     real = measure(MeasureRequest(workload="tiny-vit", batch_size=8, precision="fp16", optimizer="adamw", mode="alloc"))
     assert est.method == "traced", est.notes
     assert abs(est.allocated_bytes / real.alloc_peak_bytes - 1) <= 0.001, (est.allocated_bytes, real.alloc_peak_bytes)
@@ -486,14 +496,16 @@ def test_a_16_bit_matrix_products_scratch_is_probed_on_this_cpu() -> None:
 
 def test_a_sparse_embedding_gradient_is_counted_as_its_entries() -> None:
     # nn.Embedding(sparse=True) under SGD: the gradient is a sparse tensor (one row per looked-up id), which has
-    # no nbytes (the trace raised); its fake clone in AccumulateGrad keeps no entries, sized as its input's.
+    # no nbytes (a trace that asks for it raises); its fake clone in AccumulateGrad keeps no entries, sized as
+    # its input's.
     import torch.nn.functional as F
     from torch import nn
 
     from advisor.workload import Workload
 
     wl = Workload(name="sparse-embedding",
-                  build_model=lambda: nn.Sequential(nn.Embedding(20000, 32, sparse=True), nn.Flatten(), nn.Linear(320, 2)),
+                  build_model=lambda: nn.Sequential(nn.Embedding(20000, 32, sparse=True), nn.Flatten(),
+                                                    nn.Linear(320, 2)),
                   make_batch=lambda n: (torch.randint(0, 20000, (n, 10)), torch.randint(0, 2, (n,))),
                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
     kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.sgd, count_flops=False)
@@ -549,13 +561,14 @@ def test_a_make_batch_that_reads_values_is_built_for_real_and_the_model_still_tr
     # tensors, allocating what real tensors do, not a fallback to real steps for the whole model
     from pathlib import Path
 
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     wl = load_workload(f"{Path(__file__).with_name('graph_batch.py')}:build", {})
     kw = dict(precision=Precision.fp32, optimizer=OptimizerKind.adamw, count_flops=False)
     fake, real = trace_training(wl, 16, **kw), trace_training(wl, 16, fake=False, **kw)
     assert fake.peak_bytes == real.peak_bytes
-    est = estimate_memory(wl, "h100-sxm", 16, calibrate=False, measured=False)
+    est = estimate_memory(wl, "h100-sxm", EstimateRequest(batch_size=16),
+                          EstimateOptions(calibrate=False, measured=False))
     assert est.method == "traced", est.notes
 
 
@@ -576,11 +589,11 @@ def build():
 
 def test_lazy_modules_are_made_by_one_forward_pass_before_the_optimizer(tmp_path) -> None:
     # nn.LazyLinear's weight has no shape until a first forward, and the advisor builds the optimizer: every real
-    # run raised on the uninitialized parameter (trials, calibration, the estimate's fallback). Workload.build
+    # run would raise on the uninitialized parameter (trials, calibration, the estimate's fallback). Workload.build
     # makes them with a pass on a batch of 2. torch 2.13 cannot make a lazy parameter over a fake tensor; the
-    # trace's build makes each fake at its first forward (trace._lazy_on_fake), so the model is traced on fake
+    # trace's build makes each fake at its first forward (fake_build._lazy_on_fake), so the model is traced on fake
     # tensors, not run: allocated within 0.1% of the measured live peak.
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.fingerprint import fingerprint_payload
 
     path = tmp_path / "lazy.py"
@@ -588,7 +601,8 @@ def test_lazy_modules_are_made_by_one_forward_pass_before_the_optimizer(tmp_path
     wl = load_workload(f"{path}:build")
     assert [p.shape[1] for p in wl.build().parameters() if p.dim() == 2] == [50, 96]
     assert [s for _, s, _, _ in fingerprint_payload(wl)["parameters"]] == [[96, 50], [96], [7, 96], [7]]
-    est = estimate_memory(f"{path}:build", "cpu", 16, calibrate=False, measured=False)
+    est = estimate_memory(f"{path}:build", "cpu", EstimateRequest(batch_size=16),
+                          EstimateOptions(calibrate=False, measured=False))
     real = measure(MeasureRequest(workload=f"{path}:build", batch_size=16, mode="alloc")).alloc_peak_bytes
     assert est.method == "traced" and est.num_params == 96 * 50 + 96 + 7 * 96 + 7, (est.method, est.notes)
     assert abs(est.allocated_bytes - real) <= real / 1000, (est.allocated_bytes, real)
@@ -598,12 +612,13 @@ def test_a_lazy_convolutional_net_with_lazy_buffers_is_traced_on_fake_tensors() 
     # LazyBatchNorm2d's running statistics are lazy buffers; bf16 autocast over lazily made convolutions
     from pathlib import Path
 
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     spec = f"{Path(__file__).with_name('lazy_convnet.py')}:build"
     params = 16 * 3 * 9 + 16 + 2 * 16 + 32 * 16 * 9 + 32 + 2 * 32 + 10 * 32 * 16 * 16 + 10
     for precision in ("fp32", "bf16"):
-        est = estimate_memory(spec, "cpu", 32, precision=precision, calibrate=False, measured=False)
+        est = estimate_memory(spec, "cpu", EstimateRequest(batch_size=32, precision=precision),
+                              EstimateOptions(calibrate=False, measured=False))
         real = measure(MeasureRequest(workload=spec, batch_size=32, precision=precision, mode="alloc")).alloc_peak_bytes
         assert est.method == "traced" and est.num_params == params, (est.method, est.num_params, est.notes)
         assert abs(est.allocated_bytes - real) <= real / 1000, (precision, est.allocated_bytes, real)

@@ -9,9 +9,8 @@ import functools
 from advisor.fingerprint import workload_fingerprint
 from advisor.hardware import get_hardware
 from advisor.store import Objective, StudySpec, hardware_fingerprint, open_store, software_versions
+from advisor.trial import TrainingConfig, TrialBudget, TrialResult
 from advisor.workload import load_workload
-from probes.config import TrainingConfig, TrialBudget
-from probes.result import TrialResult
 
 WORKLOAD, HARDWARE = "tiny-mlp", "cpu"
 THROUGHPUT = Objective.parse("samples_per_s:maximize")

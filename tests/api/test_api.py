@@ -29,7 +29,8 @@ def test_health_catalog_and_openapi(seeded, make_client):
         assert method in paths[path], (path, method)
     # request bodies carry examples; errors are documented as {"detail": ...}
     assert schema["components"]["schemas"]["RecommendRequest"].get("examples")
-    assert paths["/v1/tune"]["post"]["responses"]["401"]["content"]["application/json"]["schema"]["$ref"].endswith("ErrorBody")
+    unauthorized = paths["/v1/tune"]["post"]["responses"]["401"]["content"]["application/json"]
+    assert unauthorized["schema"]["$ref"].endswith("ErrorBody")
 
 
 def test_studies_and_results_page_and_filter(seeded, make_client):
@@ -52,8 +53,9 @@ def test_studies_and_results_page_and_filter(seeded, make_client):
     assert rates == sorted(rates, reverse=True) and page["items"][0]["id"] == facts["best_trial_id"]
     rest = c.get("/v1/results", params={"limit": 3, "offset": 3, "sort": "-samples_per_s"}).json()
     assert len(rest["items"]) == len(facts["trial_ids"]) - 3
-    assert c.get("/v1/results", params={"workload": "tiny-mlp", "status": "ok"}).json()["total"] == len(facts["trial_ids"])
-    assert c.get("/v1/results", params={"workload": facts["workload_fp"][:10]}).json()["total"] == len(facts["trial_ids"])
+    stored = len(facts["trial_ids"])
+    assert c.get("/v1/results", params={"workload": "tiny-mlp", "status": "ok"}).json()["total"] == stored
+    assert c.get("/v1/results", params={"workload": facts["workload_fp"][:10]}).json()["total"] == stored
     assert c.get("/v1/results", params={"status": "oom"}).json()["total"] == 0
     assert c.get("/v1/results", params={"hardware": "h100-sxm"}).json()["items"] == []
     bf16 = [t for t in c.get("/v1/results").json()["items"] if t["config"]["precision"] == "bf16"]
@@ -61,7 +63,7 @@ def test_studies_and_results_page_and_filter(seeded, make_client):
 
 
 def test_estimate_is_the_library_estimate(seeded, make_client):
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     url, _ = seeded
     c = make_client(url)
@@ -69,8 +71,8 @@ def test_estimate_is_the_library_estimate(seeded, make_client):
             "precision": "bf16", "strategy": "zero3"}
     got = c.post("/v1/estimate", json=body)
     assert got.status_code == 200, got.text
-    lib = estimate_memory("tiny-gpt2", "h100-sxm:8", 4, precision="bf16", strategy="zero3",
-                          workload_args={"seq_len": 64}, calibrate=False)
+    lib = estimate_memory("tiny-gpt2", "h100-sxm:8", EstimateRequest(batch_size=4, precision="bf16", strategy="zero3"),
+                          EstimateOptions(calibrate=False), workload_args={"seq_len": 64})
     assert got.json()["total_bytes"] == lib.total_bytes and got.json()["max_batch_size"] == lib.max_batch_size
 
 
@@ -90,9 +92,9 @@ def test_recommend_measured_then_estimated_with_prices_and_cache(seeded, make_cl
                                                      key=lambda h: recs[h]["cost_per_epoch"])
     # a better measured trial lands: within the cache's time the answer follows it
     from advisor.store import open_store
-    from api_seed import THROUGHPUT, measured
+    from advisor.trial import TrainingConfig
 
-    from probes.config import TrainingConfig
+    from api_seed import THROUGHPUT, measured
 
     with open_store(url) as store:
         best = store.get_trial(facts["best_trial_id"])
@@ -160,7 +162,8 @@ PATHS = re.compile(r"(/work/|/home/|/root/|/tmp/|site-packages|Traceback|File \"
     ("post", "/v1/estimate", {"workload": "no-such-preset", "hardware": "h100-sxm"}, 422),
     ("post", "/v1/estimate", {"workload": "tiny-gpt2", "hardware": "h100-sxm", "precision": "fp8"}, 422),
     ("post", "/v1/estimate", {"workload": "tiny-gpt2", "hardware": "h100-sxm", "bogus": 1}, 422),
-    ("post", "/v1/estimate", {"workload": "tiny-gpt2", "workload_args": {"no_such_arg": 1}, "hardware": "h100-sxm"}, 422),
+    ("post", "/v1/estimate", {"workload": "tiny-gpt2", "workload_args": {"no_such_arg": 1}, "hardware": "h100-sxm"},
+     422),
     ("post", "/v1/recommend", {"workload": "tiny-gpt2", "hardware": []}, 422),
     ("post", "/v1/recommend", {"workload": "tiny-gpt2", "hardware": ["l4"], "prices": {"h100-sxm": 1}}, 422),
     ("post", "/v1/recommend", {"workload": "tiny-gpt2", "hardware": ["l4"], "prices": {"l4": -1}}, 422),

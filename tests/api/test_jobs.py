@@ -196,10 +196,10 @@ def test_jobs_survive_restarts_and_resume_their_study(sqlite_url, serve):
         assert job["status"] == "finished", (job, _job_log(third, job_id))
         from advisor.store import open_store
         from advisor.store.jobs import JobQueue
-
         from api.jobs import TRANSIENT_ATTEMPTS
 
-        with open_store(sqlite_url) as store:  # the restart's claim; one more where a database lock outlived its timeout
+        # the restart's claim; one more where a database lock outlived its timeout
+        with open_store(sqlite_url) as store:
             assert 2 <= JobQueue(store).get(job_id).attempts <= TRANSIENT_ATTEMPTS, _job_log(third, job_id)
         trials = _trials(c, job["study_id"])
         measured = [t for t in trials if t["status"] in ("ok", "oom", "pruned")]

@@ -14,9 +14,17 @@ import torch
 from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.presets import get_preset
 from advisor.training import prepare, train_step
-from probes.parallel import (gathered_parameters, init_distributed, local_param_bytes, make_grad_scaler,
-                             make_trial_optimizer, optimizer_state_bytes, param_digest, shutdown_distributed,
-                             wrap_model)
+from probes.parallel import (
+    gathered_parameters,
+    init_distributed,
+    local_param_bytes,
+    make_grad_scaler,
+    make_trial_optimizer,
+    optimizer_state_bytes,
+    param_digest,
+    shutdown_distributed,
+    wrap_model,
+)
 
 WORKLOAD_ARGS = {"in_features": 256, "layers": 4}  # 4 equal 256x256 blocks: ZeRO-1 can split evenly
 BATCH = 8  # samples per rank per step

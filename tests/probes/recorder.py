@@ -82,7 +82,8 @@ def build(out_dir: str, fail: str = "none", samples: int = 256):
         with open(log_path, "a") as f:
             f.write(json.dumps({
                 "pid": os.getpid(), "sample_pids": sorted(set(pids.tolist())),
-                "sample_cpus": sorted({tuple(c for c in range(64) if m >> c & 1) for m in masks.tolist()}), "out_dtype": str(out.dtype),
+                "sample_cpus": sorted({tuple(c for c in range(64) if m >> c & 1) for m in masks.tolist()}),
+                "out_dtype": str(out.dtype),
                 "channels_last": x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
                 "threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0)),
                 "rank": os.environ.get("RANK"), "children": _children(),

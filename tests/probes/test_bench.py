@@ -100,8 +100,8 @@ def test_bad_bench_input_is_one_line_and_exit_2(args, says):
 
 def test_bench_table_puts_the_derived_peak_beside_cpu_matmuls(capsys):
     """The table `advisor probe --bench` prints: a CPU row's TFLOP/s, the derived peak, and their ratio."""
+    from advisor.bench_result import BenchResult, LoaderCurve, LoaderPoint, MatmulBench
     from advisor.render import bench_tables
-    from probes.bench_models import BenchResult, LoaderCurve, LoaderPoint, MatmulBench
 
     mm = [MatmulBench(device="cpu", dtype="bf16", size=2048, reps=1, runs=3, seconds_per_run=0.1, tflops=0.125),
           MatmulBench(device="cpu", dtype="fp16", size=512, reps=1, runs=3, seconds_per_run=0.1, tflops=0.002)]

@@ -19,7 +19,8 @@ def _need_gpu():
     import torch
 
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU on this machine: the CUDA bench and GPU-local pinning are checked only where one exists")
+        pytest.skip("no CUDA GPU on this machine: "
+                    "the CUDA bench and GPU-local pinning are checked only where one exists")
 
 
 def test_bench_measures_every_cuda_dtype_and_both_host_copies():

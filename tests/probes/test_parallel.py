@@ -16,9 +16,18 @@ from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.errors import TrialError
 from advisor.presets import get_preset
 from advisor.training import make_optimizer, prepare, train_step
-from probes.parallel import (DistInfo, check_strategy, gathered_parameters, init_distributed,
-                             local_param_bytes, make_trial_optimizer, optimizer_state_bytes, param_digest,
-                             shutdown_distributed, wrap_model)
+from probes.parallel import (
+    DistInfo,
+    check_strategy,
+    gathered_parameters,
+    init_distributed,
+    local_param_bytes,
+    make_trial_optimizer,
+    optimizer_state_bytes,
+    param_digest,
+    shutdown_distributed,
+    wrap_model,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -176,7 +185,8 @@ def test_init_distributed_reports_missing_rendezvous(monkeypatch: pytest.MonkeyP
 
 
 def test_init_distributed_times_out_when_a_rank_never_joins(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(TrialError, match=r"rank 0/2 could not join gloo group at 127\.0\.0\.1") as err:

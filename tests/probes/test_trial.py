@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.config import TrialBudget
-from probes.result import TrialStatus
+from advisor.trial import TrialBudget, TrialStatus
 from probes.runner import run_trial
 
 HERE = Path(__file__).resolve().parent
@@ -30,7 +29,7 @@ def trial(tmp_path: Path, fail: str = "none", budget: TrialBudget = QUICK, **kno
 
 
 def test_ok_trial_reports_every_figure():
-    # A forked CPU rank's peak is not DESIGN.md's fresh-process one (probes/runner.py _record_peak):
+    # A forked CPU rank's peak is not docs/design.md's fresh-process one (probes/runner.py _record_peak):
     # it must not refine the CPU estimate. And a trial using a sliver of the host's memory makes no
     # fresh-process protocol run under record_peak='auto' (probes/protocol.py): no measured peak added.
     from advisor.estimate.model import EstimateRequest
@@ -109,10 +108,10 @@ def test_a_trial_on_a_busy_machine_waits_for_quiet_then_records_how_busy_and_say
 
 def test_cpu_trial_keeps_a_fresh_process_peak_that_refines_the_estimate():
     # record_peak='auto' under a cap the trial's predicted peak is over 1/8 of: after the trial, one run of
-    # DESIGN.md's protocol in a fresh process, kept as a measured peak that the next estimate of the
+    # docs/design.md's protocol in a fresh process, kept as a measured peak that the next estimate of the
     # same configuration goes through; a trial at a batch within 2x of it makes no second run.
     # (sgd-momentum with the foreach step: a configuration no other test's calibration records.)
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, estimate_memory
     from advisor.estimate.model import EstimateRequest
     from advisor.fingerprint import workload_fingerprint
     from advisor.hardware import get_hardware
@@ -121,7 +120,11 @@ def test_cpu_trial_keeps_a_fresh_process_peak_that_refines_the_estimate():
 
     wargs = {"num_samples": 256}
     knobs = {"optimizer": "sgd-momentum", "optimizer_impl": "foreach"}
-    est_knobs = dict(optimizer="sgd-momentum", optimizer_impl="foreach", workload_args=wargs, calibrate=False)
+
+    def estimate(batch: int, **options):
+        return estimate_memory("tiny-gpt2", "cpu", EstimateRequest(batch_size=batch, **knobs),
+                               EstimateOptions(calibrate=False, **options), workload_args=wargs)
+
     key = point_key(workload_fingerprint(load_workload("tiny-gpt2", wargs)), device_key(get_hardware("cpu")),
                     request_knobs(EstimateRequest(batch_size=64, optimizer="sgd-momentum", optimizer_impl="foreach"),
                                   1, "none", "cpu_rss"))
@@ -134,15 +137,15 @@ def test_cpu_trial_keeps_a_fresh_process_peak_that_refines_the_estimate():
     [point] = default_peaks().points(key)
     assert (point.batch_size, point.peak_bytes, point.predicted_bytes) == (64, first.protocol_peak_bytes,
                                                                            first.predicted_memory_bytes)
-    refined = estimate_memory("tiny-gpt2", "cpu", 64, **est_knobs)
+    refined = estimate(64)
     assert any("refined by 1 measured peak" in n for n in refined.notes)
     assert refined.total_bytes == pytest.approx(first.protocol_peak_bytes, rel=0.01)
 
     second = run_trial("tiny-gpt2", {"batch_size": 96, **knobs}, hardware="cpu", workload_args=wargs, budget=budget)
     assert second.status == TrialStatus.ok, second.error
     assert second.protocol_peak_bytes is None and len(default_peaks().points(key)) == 1
-    unrefined = estimate_memory("tiny-gpt2", "cpu", 96, measured=False, **est_knobs)
-    assert second.predicted_memory_bytes == estimate_memory("tiny-gpt2", "cpu", 96, **est_knobs).total_bytes \
+    unrefined = estimate(96, measured=False)
+    assert second.predicted_memory_bytes == estimate(96).total_bytes \
         != unrefined.total_bytes
 
 
@@ -231,7 +234,8 @@ def test_a_strategy_that_cannot_run_is_invalid():
 
 
 def test_compile_invokes_inductor():
-    r = run_trial("tiny-mlp", {"batch_size": 16, "compile_mode": "default"}, hardware="cpu", budget=QUICK, estimate=False)
+    r = run_trial("tiny-mlp", {"batch_size": 16, "compile_mode": "default"}, hardware="cpu", budget=QUICK,
+                  estimate=False)
     assert r.status == TrialStatus.ok, r.error
     assert r.compiled_graphs is not None and r.compiled_graphs >= 1  # dynamo captured the model, inductor built it
     assert r.compile_s is not None and r.compile_s >= 0

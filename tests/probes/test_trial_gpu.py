@@ -1,12 +1,11 @@
-"""Measured trials on a CUDA GPU: the CUDA memory peaks of DESIGN.md, precisions and compile modes
+"""Measured trials on a CUDA GPU: the CUDA memory peaks of docs/design.md, precisions and compile modes
 that only apply there, pinned host memory. Needs a GPU; skipped without one."""
 
 from __future__ import annotations
 
 import pytest
 
-from probes.config import TrialBudget
-from probes.result import TrialStatus
+from advisor.trial import TrialBudget, TrialStatus
 from probes.runner import run_trial
 
 pytestmark = pytest.mark.gpu

@@ -3,7 +3,7 @@ YAML so a preset that lost a condition (or code that stopped evaluating one) fai
 
 from __future__ import annotations
 
-from probes.config import CompileMode, TrainingConfig, inapplicable
+from advisor.trial import CompileMode, TrainingConfig, inapplicable
 from search_spaces import SpaceContext
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from advisor.hardware import get_hardware
-from probes.config import TrainingConfig
+from advisor.trial import TrainingConfig
 from search_spaces import OomFrontier, feasibility
 from search_spaces.prune import FEASIBILITY_CACHE
 
@@ -100,9 +100,9 @@ def test_a_measured_peak_added_since_decides_again(tiny_gpu, tmp_path, monkeypat
 
 def test_a_trial_and_its_pruning_estimate_one_world(tiny_gpu):
     # A trial of 2 devices on a 4-device machine: the trial's prediction (probes.runner) and the
-    # pruning decision both estimate for the 2 devices it runs on (probes.config.trial_hardware), so
+    # pruning decision both estimate for the 2 devices it runs on (advisor.trial.trial_hardware), so
     # ZeRO-3 shards over 2, not over the machine's 4.
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from probes.runner import _estimate
 
     four = tiny_gpu.model_copy(update={"devices_per_node": 4})
@@ -110,5 +110,6 @@ def test_a_trial_and_its_pruning_estimate_one_world(tiny_gpu):
     predicted, note = _estimate(WORKLOAD, {}, config, four)
     assert note is None
     assert predicted.total_bytes == feasibility(WORKLOAD, {}, four, config, 0.05).total_bytes
-    over_four = estimate_memory(WORKLOAD, four, 8, strategy="zero3", calibrate=False)
+    over_four = estimate_memory(WORKLOAD, four, EstimateRequest(batch_size=8, strategy="zero3"),
+                                EstimateOptions(calibrate=False))
     assert predicted.total_bytes > over_four.total_bytes  # sharded over 2 holds more per device than over 4

@@ -8,6 +8,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from search_spaces import get_space, load_space, suggest
+
 from space_checks import violations
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from advisor.hardware import get_hardware
 from advisor.store import Objective, StudySpec, hardware_fingerprint, software_versions
-from probes.config import TrainingConfig
-from probes.result import Bottleneck, PeakMemory, StepTimes, TrialResult, TrialStatus
+from advisor.trial import Bottleneck, PeakMemory, StepTimes, TrainingConfig, TrialResult, TrialStatus
 
 THROUGHPUT = Objective.parse("samples_per_s:maximize")
 WORKLOADS = {"tiny-gpt2": "a1" * 32, "resnet-tiny": "b2" * 32}
@@ -36,5 +35,6 @@ def result(cfg: TrainingConfig, status: TrialStatus = TrialStatus.ok, samples_pe
                        p90=1.2 * cfg.batch_size / samples_per_s, mean=1.1 * cfg.batch_size / samples_per_s),
                        data_wait_fraction=0.02, peak_memory_bytes=peak, peak_memory=PeakMemory(cpu_rss_bytes=peak),
                        predicted_memory_bytes=int(peak * 1.1), predicts="cpu_rss", mfu=0.08, measured_steps=10,
-                       bottleneck=Bottleneck(verdict="compute-bound", reason="matmuls dominate", data_wait_fraction=0.02),
+                       bottleneck=Bottleneck(verdict="compute-bound", reason="matmuls dominate",
+                                             data_wait_fraction=0.02),
                        wall_s=5.0, measured_s=2.0, warmup_s=1.0)

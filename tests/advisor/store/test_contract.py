@@ -11,7 +11,7 @@ from store_data import THROUGHPUT, config, result, spec
 
 from advisor.errors import StoreError
 from advisor.store import Objective, RecordStatus, TrialQuery, config_hash, open_store, software_fingerprint
-from probes.result import TrialStatus
+from advisor.trial import TrialStatus
 
 
 @pytest.fixture
@@ -115,7 +115,8 @@ def test_reuse_finds_measured_configs_across_studies_only_on_same_keys(store):
     found = store.find_measured(b.workload_fp, b.hardware_fp, b.software_fp, config_hash(config(4)))
     assert found is not None and found.study_name == "a" and found.samples_per_s == 120.0
     assert store.find_measured(b.workload_fp, b.hardware_fp, b.software_fp, config_hash(config(8))).status == "oom"
-    assert store.find_measured(b.workload_fp, b.hardware_fp, b.software_fp, config_hash(config(16))) is None  # crash: rerun
+    # a crash: run again
+    assert store.find_measured(b.workload_fp, b.hardware_fp, b.software_fp, config_hash(config(16))) is None
     assert store.find_measured(b.workload_fp, b.hardware_fp, "0" * 64, config_hash(config(4))) is None
     other_hw = store.create_or_get_study(spec("c", hardware="h100-sxm"))
     assert store.find_measured(b.workload_fp, other_hw.hardware_fp, b.software_fp, config_hash(config(4))) is None

@@ -14,7 +14,7 @@ from advisor.hardware import get_hardware
 from advisor.settings import Settings
 from advisor.store import config_hash, hardware_fingerprint, software_fingerprint, software_versions
 from advisor.store.engine import resolve_url
-from probes.config import TrainingConfig
+from advisor.trial import TrainingConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -23,7 +23,8 @@ def test_config_hash_is_stable_and_knob_sensitive():
     base = config_hash(TrainingConfig(batch_size=8))
     assert base == config_hash(TrainingConfig(batch_size=8, grad_accum=1))  # a default spelled out is the same
     assert base != config_hash(TrainingConfig(batch_size=8, num_workers=1))
-    code = "from probes.config import TrainingConfig as T; from advisor.store import config_hash; print(config_hash(T(batch_size=8)))"
+    code = ("from advisor.trial import TrainingConfig as T; from advisor.store import config_hash; "
+            "print(config_hash(T(batch_size=8)))")
     other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                            env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin"})
     assert other.stdout.strip() == base  # no dependence on the process (hash seeds, dict order)

@@ -13,7 +13,7 @@ import pytest
 from store_data import THROUGHPUT, config, result, spec
 
 from advisor.store import open_store
-from probes.result import TrialStatus
+from advisor.trial import TrialStatus
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -52,7 +52,8 @@ def filled(tmp_path_factory) -> tuple[str, dict[str, int]]:
 def test_list_filters_and_sorts(filled):
     url, ids = filled
     assert [t["id"] for t in ok_json("results", "list", "--db", url)] == [ids["g4"], ids["g8"], ids["g16"], ids["r4"]]
-    rows = ok_json("results", "list", "--db", url, "--workload", "tiny-gpt2", "--status", "ok", "--sort", "-samples_per_s")
+    rows = ok_json("results", "list", "--db", url, "--workload", "tiny-gpt2", "--status", "ok",
+                   "--sort", "-samples_per_s")
     assert [(t["id"], t["samples_per_s"]) for t in rows] == [(ids["g8"], 300.0), (ids["g4"], 100.0)]
     assert [t["id"] for t in ok_json("results", "list", "--db", url, "--status", "oom", "--status", "ok",
                                      "--sort", "samples_per_s", "--limit", "2")] == [ids["g4"], ids["r4"]]
@@ -102,7 +103,8 @@ def test_db_current_and_upgrade(tmp_path):
 
 
 def test_help_does_not_load_sqlalchemy():
-    code = ("import sys\nfrom advisor.cli import main\ntry:\n    main(['results', '--help'])\nexcept SystemExit:\n    pass\n"
+    code = ("import sys\nfrom advisor.cli import main\ntry:\n    main(['results', '--help'])\n"
+            "except SystemExit:\n    pass\n"
             "print('sqlalchemy' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
     assert out.strip().splitlines()[-1] == "False False"

@@ -22,7 +22,7 @@ def _torn(url: str) -> None:
 def test_a_schema_torn_between_its_ddl_statements_is_completed_on_open(tmp_path) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # Optuna's own open leaves it torn: each create_study(load_if_exists=True) adds a study of the same name,
-    # and looking the name up then fails (the restart test's job in session 34's CI, MultipleResultsFound).
+    # and looking the name up then fails (MultipleResultsFound, as a restarted tune job would).
     bare = f"sqlite:///{tmp_path / 'bare.db'}"
     _torn(bare)
     storage = optuna.storages.RDBStorage(bare)

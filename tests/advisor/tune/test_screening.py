@@ -119,7 +119,8 @@ def test_farthest_in_an_int_range():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dist = optuna.distributions.IntDistribution(0, 6)
-    assert farthest(dist, 0) == 6 and farthest(dist, 5) == 0 and farthest(optuna.distributions.IntDistribution(3, 3), 3) is None
+    assert farthest(dist, 0) == 6 and farthest(dist, 5) == 0
+    assert farthest(optuna.distributions.IntDistribution(3, 3), 3) is None
 
 
 def test_a_screen_that_failed_is_not_tried_again():
@@ -150,7 +151,8 @@ def test_a_trial_just_asked_by_another_live_tuner_is_not_failed_as_stale(tmp_pat
     trials["live"].set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
     trials["dead"].set_user_attr("owner", f"{socket.gethostname()}:{int(dead.stdout)}")
     with sqlalchemy.create_engine(url).begin() as conn:  # asked before the grace began
-        conn.execute(sqlalchemy.text("UPDATE trials SET datetime_start = datetime(datetime_start, :ago) WHERE number = :n"),
+        conn.execute(sqlalchemy.text("UPDATE trials SET datetime_start = datetime(datetime_start, :ago) "
+                                     "WHERE number = :n"),
                      {"ago": f"-{int(OWNERLESS_GRACE_S) + 60} seconds", "n": trials["old"].number})
     assert _fail_stale(storage, "s") == 2
     state = {name: storage.get_trial(t._trial_id).state for name, t in trials.items()}

@@ -118,7 +118,8 @@ def test_a_new_study_reuses_measurements_within_its_budget(data_dir):
     # reused) as the reference all the same, and only the space's points are drawn after it
     space = data_dir / "no-baseline.yaml"
     space.write_text("name: no-baseline\nknobs:\n  batch_size: {choices: [4, 16]}\n")
-    apart = run_tune(data_dir, db, "--trials", "2", "--sampler", "brute-force", "--study", "apart", "--space", str(space))
+    apart = run_tune(data_dir, db, "--trials", "2", "--sampler", "brute-force", "--study", "apart",
+                     "--space", str(space))
     assert apart["statuses"] == {"ok": 2} and apart["baseline"]["config"]["batch_size"] == 8
     drawn = [r.config.batch_size for r in stored(db) if r.study_id == apart["study_id"]]
     assert len(drawn) == 2 and drawn.count(8) == 1 and set(drawn) - {8} <= {4, 16}, drawn

@@ -12,7 +12,6 @@ from typing import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-
 revision: str = '0002'
 down_revision: str | None = '0001'
 branch_labels: str | Sequence[str] | None = None
@@ -35,9 +34,11 @@ def upgrade() -> None:
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('heartbeat_at', sa.DateTime(timezone=True), nullable=True),
-    sa.CheckConstraint("status IN ('queued', 'running', 'cancelling', 'cancelled', 'finished', 'failed')", name=op.f('ck_advisor_jobs_status')),
+    sa.CheckConstraint("status IN ('queued', 'running', 'cancelling', 'cancelled', 'finished', 'failed')",
+                       name=op.f('ck_advisor_jobs_status')),
     sa.CheckConstraint('devices >= 1', name=op.f('ck_advisor_jobs_devices')),
-    sa.ForeignKeyConstraint(['study_id'], ['advisor_studies.id'], name=op.f('fk_advisor_jobs_study_id_advisor_studies'), ondelete='SET NULL'),
+    sa.ForeignKeyConstraint(['study_id'], ['advisor_studies.id'], name=op.f('fk_advisor_jobs_study_id_advisor_studies'),
+                            ondelete='SET NULL'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_advisor_jobs'))
     )
     with op.batch_alter_table('advisor_jobs', schema=None) as batch_op:

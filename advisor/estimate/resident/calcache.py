@@ -6,8 +6,8 @@ its runs and its fit depend on: the workload (spec, arguments, fingerprint), the
 the host (CPU model, logical CPUs, torch and glibc versions: another allocator or library lays
 memory out otherwise) and the estimator's own sources, this file's among them (a fit made, or a file
 laid out, by other code is not reused). Where the calibration chose real traces over the fake one,
-the two traces sit beside it as .npz files. A file that cannot be read or does not match is ignored and written again: this is
-a cache, never the only copy of anything.
+the two traces sit beside it as .npz files. A file that cannot be read or does not match is ignored
+and written again: this is a cache, never the only copy of anything.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from advisor.estimate.batchmodel import BatchModel
-from advisor.estimate.calibrate import Calibration
+from advisor.estimate.resident.calibration import Calibration
 from advisor.estimate.trace import load_trace, save_trace
+
 
 def host_identity() -> dict[str, Any]:
     """What decides how this host's resident set answers the same runs."""
@@ -38,10 +39,11 @@ def host_identity() -> dict[str, Any]:
 
 @functools.cache
 def estimator_sources() -> str:
-    """A hash of advisor/estimate's sources, read once per process."""
+    """A hash of advisor/estimate's sources (its subpackages' included), read once per process."""
+    root = Path(__file__).parents[1]
     h = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(f.name.encode())
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 

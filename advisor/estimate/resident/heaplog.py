@@ -1,25 +1,21 @@
-"""glibc's heap at a batch no run reached: a calibration run's own allocations, scaled and replayed.
+"""glibc's heap at a batch no run reached: a calibration run's own allocations, rescaled and replayed.
 
-A CPU run's resident set is what glibc's heap keeps: freed chunks stay resident until reused, and
-which freed chunk a later request reuses depends on the sizes and order of every request, the
-small ones between tensors included (they pin freed tensors' chunks apart, so they cannot merge).
-A line through runs at a fraction of the batch cannot see where that reuse changes: vit-b16 at 112 px
-grows ~20 MiB a sample from 2 to 8 and barely from 12 to 16, where its activations' chunks grow past
-the gradients' and start holding them (bench/BENCHMARKS.calibration.md, sessions 19 and 38).
+A CPU run's resident set is what glibc's heap keeps: freed chunks stay resident until reused, and which
+freed chunk a later request reuses depends on the sizes and order of every request, the small ones
+between tensors included (they pin freed tensors' chunks apart, so they cannot merge). A line through
+runs at a fraction of the batch cannot see where that reuse changes: vit-b16 at 112 px grows ~20 MiB a
+sample from 2 to 8 and barely from 12 to 16, where its activations' chunks grow past the gradients' and
+start holding them.
 
 So a calibration run logs every allocation and free it makes from the build to its last step (an
-LD_PRELOAD shim over malloc, calloc, realloc, posix_memalign, memalign, aligned_alloc and free,
-compiled here on first use with the system's C compiler). The tensors' requests (torch's CPU allocator
-calls posix_memalign) are rescaled from the run's batch to the one asked about, each size mapped as
-the estimator's trace maps it between the two batches, and where the trace maps one size two ways (a weight
-as large as an activation), each request as its match in the same phase of the step (the run marks its
-phases in the log); everything else stays as logged. A small replayer makes the same requests in the
-same order through this machine's glibc, writing every byte, and reports its peak resident set. That
-peak is one draw: glibc's heap is chaotic in its history, and the same requests with a few KiB held
-first can peak up to 25% apart, as a run's fresh processes do. So each log is replayed several times,
-each with its own few bytes held first (DRAWS). The prediction at the batch is the median of the
-rescaled logs' draws plus what the runs measured over their own logs' draws (the process's other pages).
-Where no C compiler or no glibc is found, nothing is logged and the estimate says so.
+LD_PRELOAD shim over malloc, calloc, realloc, posix_memalign, memalign, aligned_alloc and free, compiled
+here on first use with the system's C compiler). The tensors' requests (torch's CPU allocator calls
+posix_memalign) are rescaled from the run's batch to the one asked about as the estimator's trace rescales
+them (`rescaled`); everything else stays as logged. A small replayer makes the same requests in the same
+order through this machine's glibc, writing every byte, and reports its peak resident set, several times
+with a few bytes held first (DRAWS). The prediction at the batch is the median of the rescaled logs' draws
+plus what the runs measured over their own logs' draws (the process's other pages). Where no C compiler
+or no glibc is found, nothing is logged and the estimate says so.
 """
 
 from __future__ import annotations
@@ -324,9 +320,9 @@ def rescaled(log: np.ndarray, sizes_run: np.ndarray, sizes_target: np.ndarray,
     (`size_map`, `rescale`), and, where the log marks its phases (`phase_marks`) and the trace resizes
     allocations of one size in different ways (a weight as large as an activation: the one stays, the other
     grows), each such request as the trace resizes the allocation of that size it matches in order within the
-    same phase; requests past the trace's there as most of that phase's of that size. A WGAN-GP critic's 2 MiB
-    weights and 2 MiB activations at batch 8 (bench/workloads/fresh7.py, bf16): resized by size alone, every
-    one grew 8-fold to batch 64, 138 MiB too many."""
+    same phase; requests past the trace's there as most of that phase's of that size (by size alone, a
+    WGAN-GP critic's 2 MiB weights grew with the batch as its 2 MiB activations do).
+    Evidence: bench/research/heap_rescale.py, bench/results/archive/heap_rescale.jsonl"""
     out = rescale(log, *size_map(sizes_run, sizes_target))
     marks = log[:, 0] == MARK
     if phases is None or not marks.any():
@@ -370,12 +366,10 @@ def rescale(log: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray
     return out
 
 
-# Draws of the heap per log (seeds 0 to DRAWS - 1). glibc's heap is chaotic in its history: the same log
-# replayed with 16 B to 128 KiB held first (a seed) peaks up to 25% apart (the unseen audio net at 32: 528 to
-# 663 MiB over nine seeds), as fresh processes of one run do with their own small differences (hash seeds, the
-# environment's size). One replay is one draw; the median of several is the middle a user's run draws from.
-# Session 42, four calibrations' logs each replayed under ten seeds (bench/heap_draws.py): the prediction's
-# spread over which seeds were drawn, 3-4% with one draw per log, 2-3% with three pooled across the logs.
+# Draws of the heap per log (seeds 0 to DRAWS - 1). glibc's heap is chaotic in its history: the same log replayed
+# with 16 B to 128 KiB held first peaks up to 25% apart, as fresh processes of one run do; the median of several
+# draws is the middle a user's run draws from (the prediction moves 3-4% with the seeds at one draw per log, 2-3%
+# at three). Evidence: bench/research/heap_draws.py, bench/results/archive/heap_draws.jsonl
 DRAWS = 3
 
 
