@@ -4,7 +4,7 @@ to 200 concurrent clients over loopback, against `advisor serve` running as its 
 
     .venv/bin/python bench/api_load.py [--duration 20] [--warmup 5] [--clients 200] [--http-workers 1,2]
         [--drivers wrk,httpx,raw] [--open-interval-ms 100,250] [--think-ms 100] [--no-recheck-diagnostic]
-        [--py-spy PATH] [--benchmarks-md]
+        [--py-spy PATH]
 
 A fresh SQLite store in a temp data dir gets real trials of tiny-gpt2 and tiny-mlp measured on this
 CPU (probes.run_trial), written as studies the way the tuner writes them, plus stored bests of
@@ -23,9 +23,8 @@ warmed (the first recommend for a body builds the workload's model), and the dri
 
 The load generator shares this machine's cores with the server; the CPU each used is reported, with
 the rest of the machine's. Goal: p99 <= 50 ms and no errors (non-2xx, socket errors, timeouts).
-Writes bench/results/api_load.json and api_load.md (the section for BENCHMARKS.md; --benchmarks-md
-also puts it at the end of BENCHMARKS.md, replacing an older copy). The server is stopped and the
-temp dir removed at the end, also on failure.
+Writes bench/results/api_load.json and api_load.md (BENCHMARKS.md's section: bench/compose_benchmarks.py).
+The server is stopped and the temp dir removed at the end, also on failure.
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ def bodies() -> list[dict[str, Any]]:
 # -- the store ---------------------------------------------------------------------------------------
 def build_store(url: str) -> dict[str, Any]:
     """Measure MEASURED on this CPU and store each set as a study; store STORED_GPU as tiny-gpt2 bests."""
-    from probes.config import TrainingConfig, TrialBudget
+    from advisor.trial import TrainingConfig, TrialBudget
     from probes.runner import run_trial
 
     budget = TrialBudget(warmup_steps=2, min_steps=5, min_time_s=0.5, timeout_s=180, settle_s=0)
@@ -108,8 +107,8 @@ def _write_study(url: str, workload: str, args: dict, hardware: str, results: li
     from advisor.fingerprint import workload_fingerprint
     from advisor.hardware import get_hardware
     from advisor.store import Objective, StudySpec, hardware_fingerprint, open_store, software_versions
+    from advisor.trial import TrainingConfig
     from advisor.workload import load_workload
-    from probes.config import TrainingConfig
 
     objective = Objective.parse("samples_per_s:maximize")
     wl, hw = load_workload(workload, args), get_hardware(hardware)
@@ -127,7 +126,7 @@ def _write_study(url: str, workload: str, args: dict, hardware: str, results: li
 
 
 def _stored_result(config, hardware: str, samples_per_s: float, peak: int):  # noqa: ANN001, ANN202
-    from probes.result import PeakMemory, StepTimes, TrialResult, TrialStatus
+    from advisor.trial import PeakMemory, StepTimes, TrialResult, TrialStatus
 
     step = config.batch_size / samples_per_s  # s per optimizer step
     return TrialResult(status=TrialStatus.ok, workload=GPT[0], hardware=hardware, config=config,
@@ -180,7 +179,7 @@ def _wait_healthy(base: str, proc: subprocess.Popen, log: Path, timeout: float =
 
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # the session started above: the server and its workers
+        os.killpg(proc.pid, signal.SIGTERM)  # the process group started above: the server and its workers
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -727,17 +726,6 @@ def _label(r: dict[str, Any]) -> str:
            f"{r['driver']}, {r['loop']}"
 
 
-def write_benchmarks_md(section: str) -> None:
-    """Put `section` at the end of BENCHMARKS.md, replacing an older copy of it."""
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text()
-    at = text.find(SECTION)
-    if at >= 0:
-        end = text.find("\n## ", at + len(SECTION))
-        text = text[:at] + (text[end + 1:] if end >= 0 else "")
-    path.write_text(text.rstrip("\n") + "\n\n" + section)
-
-
 # -- main --------------------------------------------------------------------------------------------
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -755,7 +743,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-recheck-diagnostic", action="store_true", help="also run the most workers with the "
                    "store re-check off (ADVISOR_RECOMMEND_CACHE_S=3600): what the periodic re-check costs")
     p.add_argument("--py-spy", default=None, metavar="PATH", help="py-spy binary: profile the server in each run")
-    p.add_argument("--benchmarks-md", action="store_true", help="also write the section into BENCHMARKS.md")
     p.add_argument("--name", default="api_load", help="results file names: bench/results/NAME.json, NAME.md")
     args = p.parse_args(argv)
     split = lambda text: [x for x in text.split(",") if x]  # noqa: E731
@@ -792,8 +779,6 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=1, default=str))
     section = markdown(report)
     (RESULTS / f"{args.name}.md").write_text(section)
-    if args.benchmarks_md:
-        write_benchmarks_md(section)
     print("\n" + section)
     return 0
 

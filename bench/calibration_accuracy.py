@@ -5,7 +5,7 @@
                                                    [--skip maxbatch]
 
 Per workload: one measured trial at batch A (`probes.run_trial` with record_peak='always': after the
-trial, one fresh-process run of DESIGN.md's CPU protocol, kept as a measured peak; the trial's forked
+trial, one fresh-process run of docs/design.md's CPU protocol, kept as a measured peak; the trial's forked
 rank's own peak is not that quantity, see probes/runner.py `_record_peak`); then `estimate_memory`
 at batch B = 4 x A is compared with the real peak at B (median of 3 fresh-process runs), before
 (measured=False) and after (a store holding the trial's point). The bench's data dir is a fresh
@@ -70,11 +70,13 @@ def _rss(pool: ThreadPoolExecutor, c: Case, batch: int, runs: int) -> list[int]:
 
 
 def _estimate(c: Case, batch: int, calibrate: bool, measured, hardware: Any = "cpu"):
-    from advisor.estimate import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
-    return estimate_memory(c.workload, hardware, batch, precision=c.precision, optimizer=c.optimizer,
-                           workload_args=c.args, calibrate=calibrate, measured=measured,
-                           margin=None if hardware == "cpu" else 0.0)
+    return estimate_memory(c.workload, hardware,
+                           EstimateRequest(batch_size=batch, precision=c.precision, optimizer=c.optimizer),
+                           EstimateOptions(calibrate=calibrate, margin=None if hardware == "cpu" else 0.0,
+                                           measured=measured),
+                           workload_args=c.args)
 
 
 def _max_batch(c: Case, pool: ThreadPoolExecutor, calibrate: bool, store) -> dict[str, Any]:
@@ -90,10 +92,10 @@ def _max_batch(c: Case, pool: ThreadPoolExecutor, calibrate: bool, store) -> dic
 
 
 def _trial(c: Case):
-    """The measured trial: `probes.run_trial` at batch A with record_peak='always', which runs DESIGN.md's
+    """The measured trial: `probes.run_trial` at batch A with record_peak='always', which runs docs/design.md's
     protocol once in a fresh process after the trial and keeps it (probes/protocol.py); the point it kept."""
     from advisor.peaks import default_peaks
-    from probes.config import TrialBudget
+    from advisor.trial import TrialBudget
     from probes.runner import run_trial
 
     budget = TrialBudget(warmup_steps=2, min_steps=3, min_time_s=0.0, settle_s=0, record_peak="always")
@@ -141,7 +143,8 @@ def run_case(c: Case, pool: ThreadPoolExecutor, maxbatch: bool) -> dict[str, Any
             tag = "calibrated" if calibrate else "uncalibrated"
             rec[tag] = {"before_bytes": before.total_bytes, "after_bytes": after.total_bytes,
                         "predicted_at_trial_bytes": at_trial.total_bytes, "refined_by": after.refined_by,
-                        "before_err": (before.total_bytes - real) / real, "after_err": (after.total_bytes - real) / real,
+                        "before_err": (before.total_bytes - real) / real,
+                        "after_err": (after.total_bytes - real) / real,
                         "notes": after.notes}
             if maxbatch:
                 rec[tag]["max_batch"] = _max_batch(c, pool, calibrate, store)
@@ -155,10 +158,11 @@ def _pct(x: float) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     m = results["meta"]
-    lines = [f"Run {m['started']} on {m['host']} ({m['cpu_count']} CPUs, torch {m['torch']}, advisor git {m['git']}), "
+    cpu = f"{m['cpu']}, " if m.get("cpu") else ""
+    lines = [f"Run {m['started']} ({cpu}{m['cpu_count']} CPUs, torch {m['torch']}, advisor git {m['git']}), "
              f"load average {m['load_avg_start']}.", "",
-             "| workload | prec | opt | trial batch | trial's rank RSS GB | its protocol run GB (kept) | target batch | "
-             "real RSS GB (median of 3) | noise | calibrated: before | after | uncalibrated: before | after |",
+             "| workload | prec | opt | trial batch | trial's rank RSS GB | its protocol run GB (kept) | target batch "
+             "| real RSS GB (median of 3) | noise | calibrated: before | after | uncalibrated: before | after |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["cases"]:
         cal, unc = r["calibrated"], r["uncalibrated"]
@@ -224,10 +228,13 @@ def _main(args: argparse.Namespace) -> int:
 
     import torch
 
+    from advisor.hardware.sysinfo import cpu_model_name
+
     logging.getLogger("advisor").setLevel(logging.ERROR)
     cases = [c for c in CASES if not args.only or c.workload in args.only.split(",")]
     results: dict[str, Any] = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
-                                        "cpu_count": os.cpu_count(), "torch": torch.__version__, "git": _git(),
+                                        "cpu": cpu_model_name(), "cpu_count": os.cpu_count(),
+                                        "torch": torch.__version__, "git": _git(),
                                         "load_avg_start": [round(x, 1) for x in os.getloadavg()]}, "cases": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -1,129 +1,403 @@
 #!/usr/bin/env python
-"""Write BENCHMARKS.md from the markdown that bench/estimate_accuracy.py and bench/tune_bench.py leave
-in bench/results/.
+"""Write BENCHMARKS.md from the results the benchmarks leave in bench/results/.
 
-    .venv/bin/python bench/compose_benchmarks.py
+    .venv/bin/python bench/compose_benchmarks.py [--check]
 
-bench/results/ is committed (its databases are not), so this file can be rewritten from a checkout.
-A section whose results file is missing (an older run's, from before the results were kept) keeps
-its text in the current BENCHMARKS.md. Hand-written readings of a section live in
-bench/notes/<section>.md and are appended after it.
+Every figure on the page comes from a results file: the JSON of bench/estimate_accuracy.py's runs, and the
+markdown the other benchmarks write beside their JSON. A re-run of a benchmark replaces its results file; this
+script then rewrites the page. `--check` exits 1 where BENCHMARKS.md differs from what it would write.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import re
 import sys
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.estimate_accuracy import (  # noqa: E402
+    CASE_COLUMNS,
+    GOALS,
+    MB_COLUMNS,
+    SETS,
+    SPEED_COLUMNS,
+    SUMMARY_COLUMNS,
+    _md_table,
+    case_row,
+    mb_row,
+    speed_row,
+    summary_rows,
+)
+
 RESULTS = ROOT / "bench" / "results"
-HEADER = ROOT / "bench" / "BENCHMARKS.header.md"
-# Written by hand from bench/calibration_accuracy.py's run (its table pasted in): appended as it is.
-CALIBRATION = ROOT / "bench" / "BENCHMARKS.calibration.md"
-
-
-NOTES = ROOT / "bench" / "notes"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
+ESTIMATE = ".venv/bin/python bench/estimate_accuracy.py"
+FRESH_DIR = "ADVISOR_DATA_DIR=$(mktemp -d)"  # no calibration or measured peak of another run takes part
+# CPU models as /proc/cpuinfo names them, and what each is.
+CPU_KINDS = {"AMD EPYC (family 25 model 1)": "Zen 3", "AMD EPYC (family 25 model 17)": "Zen 4",
+             "AMD EPYC (family 26 model 2)": "Zen 5"}
+ANCHOR_NAMES = {"rule24": "24 B/param", "accelerate": "accelerate", "deepspeed": "DeepSpeed",
+                "memtracker": "MemTracker"}
+# The anchors beside each comparison of ours: against the same measured peak.
+ANCHORS = {"ours_vs_rss": ("rule24_vs_rss", "accelerate_vs_rss", "deepspeed_vs_rss", "memtracker_vs_rss"),
+           "ours_vs_alloc": ("memtracker_vs_alloc",),
+           "ours_vs_reserved": ("rule24_vs_reserved", "accelerate_vs_reserved", "deepspeed_vs_reserved",
+                                "memtracker_vs_reserved")}
+GRID = (("fp32", "accuracy-fp32"), ("bf16", "accuracy-bf16"))
+# Held-out sets: (results file, set); a set's later run of a part of it follows its whole run.
+HELD_OUT = (("accuracy-unseen", "unseen"), ("accuracy-fresh", "fresh"), ("accuracy-kinds", "kinds"),
+            ("accuracy-kinds-rerun", "kinds"), ("accuracy-fresh2", "fresh2"), ("accuracy-fresh3", "fresh3"),
+            ("accuracy-fresh3-bf16", "fresh3"), ("accuracy-fresh4", "fresh4"), ("accuracy-fresh4-tagger", "fresh4"),
+            ("accuracy-fresh5", "fresh5"), ("accuracy-fresh6", "fresh6"), ("accuracy-fresh7", "fresh7"),
+            ("accuracy-fresh7-wgangp", "fresh7"), ("accuracy-fresh7-moco", "fresh7"), ("accuracy-fresh8", "fresh8"),
+            ("accuracy-fresh8-bf16", "fresh8"), ("accuracy-fresh9", "fresh9"))
+SET_CONTENTS = {
+    "unseen": "a frozen convolutional backbone under a trainable head, a GRU language model, a pre-norm transformer "
+              "encoder on dict batches, a 1-D convolutional audio classifier",
+    "fresh": "a MobileNetV2-style CNN, a sequence-to-sequence nn.Transformer, a convolutional VAE, an MLP-Mixer",
+    "kinds": "graph message passing, an STFT front end (complex tensors), 3-D convolutions, a custom autograd.Function "
+             "with checkpointing, multi-hot EmbeddingBag tables, a diffusion block, a mixture of experts routed by "
+             "the data, weight tying",
+    "fresh2": "a ConvNeXt-style CNN, a PointNet, a SimCLR-style contrastive model, an FT-Transformer on tabular data",
+    "fresh3": "a DenseNet, a Swin-style transformer, a NeRF-style MLP, a CTC speech model",
+    "fresh4": "a Perceiver-style model, a WaveNet-style audio model, a spatial-transformer classifier, a bidirectional "
+              "LSTM tagger over packed sequences",
+    "fresh5": "a vision transformer that prunes its tokens, a one-stage detector with a masked box loss, a Conformer "
+              "speech encoder, message passing over graphs of varying size",
+    "fresh6": "a DCN-v2 recommender on multi-hot features of random length, a universal transformer with adaptive "
+              "computation time, a selective state-space model, a VQ-VAE",
+    "fresh7": "a WGAN-GP step (a double backward), a Fourier neural operator, MoCo v2, a capsule network",
+    "fresh8": "a triplet network, a PixelShuffle super-resolution net, a RealNVP flow, a hypernetwork",
+    "fresh9": "a neural ODE under RK4, sliding-window attention over unfolded keys, an SE-ResNet with stochastic depth "
+              "on mixup batches, distillation from a frozen teacher",
+}
 
 
-def _cut(text: str, title: str) -> str | None:
-    """From the line '## {title}...' to the next '## ' heading, or None."""
-    start = text.find(f"## {title}")
-    if start < 0:
-        return None
-    end = text.find("\n## ", start + 3)
-    return text[start:end if end > 0 else None].strip() + "\n"
+def _load(stem: str) -> dict[str, Any]:
+    return json.loads((RESULTS / f"{stem}.json").read_text())
 
 
-def _section(md: Path, title: str, notes: str | None = None) -> str:
-    """The part of a results markdown from heading `title` to the next '## ' heading, then the
-    section's notes (bench/notes/<notes>.md) if any. Without the results file: the section as the
-    current BENCHMARKS.md has it (notes included)."""
-    if not md.exists():
-        kept = _cut(BENCHMARKS.read_text(), title) if BENCHMARKS.exists() else None
-        return kept or f"_{md.name} not found: run the command above._\n"
-    body = _cut(md.read_text(), title) or f"_no '{title}' section in {md.name}_\n"
-    note = NOTES / f"{notes}.md" if notes else None
-    return body + ("\n" + note.read_text().strip() + "\n" if note is not None and note.exists() else "")
+def _apct(x: float | None) -> str:
+    return "—" if x is None else f"{abs(x) * 100:.1f}%"
 
 
-def _tuner() -> str:
-    """bench/tune_bench.py's section: the full run's, else the quick run's, said so."""
-    full, quick = RESULTS / "tune.md", RESULTS / "tune-quick.md"
-    if full.exists() or not quick.exists():
-        return _section(full, "Tuner", notes="tuner")
-    body = _section(quick, "Tuner").split("\n", 1)
-    return f"{body[0]}\n\nQuick mode only (`--quick`: small grids, 2 seeds); the full run is still to do.\n{body[1]}"
+def _yes(met: bool) -> str:
+    return "yes" if met else "NO"
 
 
-def _estimator(acc: Path) -> list[str]:
-    """The header and bench/estimate_accuracy.py's sections; without its results, this part of the
-    current BENCHMARKS.md as it stands (up to the sections appended apart: the unseen workloads', the calibration)."""
-    if not acc.exists() and BENCHMARKS.exists():
-        text = BENCHMARKS.read_text()
-        ends = [text.find("\n## Workloads outside the presets")]
-        if CALIBRATION.exists():
-            ends.append(text.find(f"\n{CALIBRATION.read_text().strip().splitlines()[0]}"))
-        end = min((e for e in ends if e > 0), default=-1)
-        return [text[:end if end > 0 else None].strip() + "\n"]
-    parts = [HEADER.read_text().strip() + "\n"]
-    if acc.exists():
-        run = acc.read_text().splitlines()[2]
-        parts.append("### Run\n\n" + run.replace("(in progress)", "(stopped there)") + "\n")
-    parts.append(_section(acc, "Summary"))
-    parts.append(_section(acc, "Cases"))
-    parts.append(_section(RESULTS / "speed.md", "Estimator speed"))
-    parts.append(_section(RESULTS / "maxbatch.md", "Largest batch under a memory cap", notes="maxbatch"))
-    quick = RESULTS / "accuracy-quick.md"
-    if quick.exists():  # never from BENCHMARKS.md itself: that would nest the section in itself on every run
-        parts.append("Quick mode (`--quick`), earlier in the session:\n\n"
-                     + _section(quick, "Largest batch under a memory cap").split("\n", 1)[1])
-    return parts
+def cpu_machine(meta: dict[str, Any]) -> str:
+    """'AMD EPYC (family 25 model 17), Zen 4, 2 CPUs, glibc 2.36' from a CPU run's meta."""
+    cpu = meta.get("machine", {}).get("cpu", "CPU not recorded")
+    parts = [cpu, CPU_KINDS.get(cpu), f"{meta['cpu_count']} CPUs", meta.get("machine", {}).get("libc")]
+    return ", ".join(p for p in parts if p)
 
 
-def _outside(kind: str, title: str) -> str:
-    """`estimate_accuracy.py --set {kind}`'s summary and cases, as one section ('## {title}'), then
-    bench/notes/{kind}.md; without its results, that section as BENCHMARKS.md has it."""
-    md, note = RESULTS / f"accuracy-{kind}.md", NOTES / f"{kind}.md"
-    command = (f"```bash\n.venv/bin/python bench/estimate_accuracy.py --set {kind} --skip maxbatch,speed "
-               f"--out bench/results/accuracy-{kind}.json\n```\n")
-    if not md.exists():
-        if not note.exists():
-            return _section(md, title)
-        return f"## {title}\n\n{command}\n_Not run yet ({md.name} not found)._\n\n{note.read_text().strip()}\n"
-    run = md.read_text().splitlines()[2].replace("(in progress)", "(stopped there)")
-    body = [f"## {title}\n", command, run + "\n"]
-    for part in ("Summary", "Cases"):
-        body.append("#" + _section(md, part))
-    return "\n".join(body) + ("\n" + note.read_text().strip() + "\n" if note.exists() else "")
+def run_line(meta: dict[str, Any], cases: int | None = None) -> str:
+    """One line: the commit, machine, date and length of an estimate_accuracy.py run."""
+    took = meta.get("seconds")
+    minutes = "" if not took else f", {took:.0f} s" if took < 120 else f", {took / 60:.0f} min"
+    done = f"{cases} cases, " if cases is not None else ""
+    return (f"Run: {done}commit `{meta['source']['git_head']}`, {cpu_machine(meta)}, torch {meta['torch']}, "
+            f"started {meta['started']}{minutes}.")
 
 
-def main() -> int:
-    parts = _estimator(RESULTS / "accuracy.md")
-    parts.append(_outside("unseen", "Workloads outside the presets"))
-    parts.append(_outside("fresh", "Workloads written before any estimate of them was seen"))
-    parts.append(_outside("kinds", "Model kinds no other set has"))
-    parts.append(_outside("fresh2", "Workloads written before any estimate of them was seen: session 37's"))
-    parts.append(_outside("fresh3", "Workloads written before any estimate of them was seen: session 46's"))
-    parts.append(_outside("fresh4", "Workloads written before any estimate of them was seen: session 48's"))
-    parts.append(_outside("fresh5", "Workloads written before any estimate of them was seen: session 49's"))
-    parts.append(_outside("fresh6", "Workloads written before any estimate of them was seen: session 50's"))
-    parts.append(_outside("fresh7", "Workloads written before any estimate of them was seen: session 51's"))
-    parts.append(_outside("fresh8", "Workloads written before any estimate of them was seen: session 52's"))
-    parts.append(_outside("fresh9", "Workloads written before any estimate of them was seen: session 56's"))
-    if CALIBRATION.exists():
-        parts.append(CALIBRATION.read_text())
-    # bench/estimate_accuracy_cuda.py, on a lent GPU machine
-    parts.append(_section(RESULTS / "accuracy-cuda.md", "Estimator accuracy on CUDA", notes="cuda"))
-    # the same bench on an H200 (session 36), measured afresh: its own section, after the H100's
-    h200 = _section(RESULTS / "accuracy-cuda-h200.md", "Estimator accuracy on CUDA", notes="cuda-h200")
-    parts.append(h200.replace("## Estimator accuracy on CUDA", "## Estimator accuracy on CUDA: H200", 1))
-    parts.append(_section(RESULTS / "trials.md", "Measured trials", notes="trials"))  # bench/trial_bench.py
-    parts.append(_section(RESULTS / "trials-cuda.md", "Measured trials on CUDA", notes="trials-cuda"))
-    parts.append(_tuner())
-    parts.append(_section(RESULTS / "tune-load.md", "The tuner beside other work", notes="tune-load"))  # bench/tune_load.py
-    parts.append(_section(RESULTS / "api_load.md", "HTTP API under load"))  # bench/api_load.py
-    BENCHMARKS.write_text("\n".join(parts))
+def _anchors(summary: dict[str, Any], keys: tuple[str, ...]) -> str:
+    """The anchors' median / max |error| in a run's summary, e.g. '24 B/param 34.6% / 75.6%, ...'."""
+    return ", ".join(f"{ANCHOR_NAMES[k.split('_vs_')[0]]} {_head(summary, k)}" for k in keys if k in summary)
+
+
+def _head(summary: dict[str, Any], key: str) -> str:
+    s = summary.get(key)
+    return "—" if s is None else f"{_apct(s['median_abs'])} / {_apct(s['max_abs'])}"
+
+
+def glance_rows() -> list[list[str]]:
+    """The summary table: one row per benchmark and goal, from the results files."""
+    rows = []
+    for prec, stem in GRID:
+        res = _load(stem)
+        m, s = res["meta"], res["summary"]
+        for key, what in (("ours_vs_rss", "resident set"), ("ours_vs_alloc", "live-tensor peak")):
+            goal = GOALS[key]
+            rows.append([f"[Presets grid, {prec}](#presets-grid-{prec}): estimate vs {what}",
+                         f"median / max {_head(s, key)}", f"≤ {goal[0]:.0%} / ≤ {goal[1]:.0%}", _yes(s[key]["met"]),
+                         _anchors(s, ANCHORS[key]), cpu_machine(m), f"`{m['source']['git_head']}`",
+                         m["started"][:10]])
+    rows += _held_out_glance() + [_largest_glance(), _speed_glance()]
+    rows += [_cuda_glance(stem, gpu) for stem, gpu in (("accuracy-cuda", "H100"), ("accuracy-cuda-h200", "H200"))]
+    rows += [_calibration_glance()] + _md_glance()
+    return rows
+
+
+def _held_out_glance() -> list[list[str]]:
+    runs = [_load(stem) for stem, _ in HELD_OUT]
+    met = sum(r["summary"]["ours_vs_rss"]["met"] and r["summary"]["ours_vs_alloc"]["met"] for r in runs)
+    med = [r["summary"]["ours_vs_rss"]["median_abs"] for r in runs]
+    top = [r["summary"]["ours_vs_rss"]["max_abs"] for r in runs]
+    dates = sorted(r["meta"]["started"][:10] for r in runs)
+    return [["[Held-out sets](#held-out-sets): estimate vs resident set and live-tensor peak",
+             f"resident set: medians {_apct(min(med))}-{_apct(max(med))}, maxima {_apct(min(top))}-{_apct(max(top))}",
+             "each run as the grid's", f"{met} of {len(runs)} runs", "in the section", "several", "several",
+             f"{dates[0]} to {dates[-1]}"]]
+
+
+def _largest_glance() -> list[str]:
+    res = _load("maxbatch")
+    m, rows = res["meta"], res["max_batch"]
+    ratios = [r["ratio"] for r in rows if r.get("ratio") is not None]
+    return ["[Largest batch under a memory cap](#largest-batch-under-a-memory-cap) (CPU)",
+            f"ours / real {min(ratios):.3f}-{max(ratios):.3f}", "0.9-1.0",
+            f"{sum(r['goal_met'] for r in rows)} of {len(rows)}", "—", cpu_machine(m), f"`{m['source']['git_head']}`",
+            m["started"][:10]]
+
+
+def _speed_glance() -> list[str]:
+    res = _load("speed")
+    m, rows = res["meta"], res["speed"]
+    figs = ", ".join(f"{r['label'].split(' (')[0]} {r['estimate_seconds']:.2f} s" for r in rows if "problem" not in r)
+    return ["[Estimator speed](#estimator-speed)", figs, "≤ 5 s (llama-8b ≤ 30 s), < 1 GB",
+            f"{sum(r['goal_met'] for r in rows)} of {len(rows)}", "—", cpu_machine(m),
+            f"`{m['source']['git_head']}`", m["started"][:10]]
+
+
+def _calibration_glance() -> list[str]:
+    res = _load("calibration")
+    m = res["meta"]
+    fits = [r[tag]["max_batch"]["after_fits"] for r in res["cases"] for tag in ("calibrated", "uncalibrated")
+            if "max_batch" in r[tag]]
+    return ["[Measured peaks refine the estimate](#measured-peaks-refine-the-estimate): the largest batch after one "
+            "trial's measured peak", f"{sum(fits)} of {len(fits)} answers fit under their cap", "—", "—", "—",
+            f"{m.get('cpu', 'CPU not recorded')}, {m['cpu_count']} CPUs", f"`{m['git']}`", m["started"][:10]]
+
+
+def _cuda_glance(stem: str, gpu: str) -> list[str]:
+    res = _load(stem)
+    m, s = res["meta"], res["summary"]
+    rsv, alloc = s["ours_vs_reserved"], s["ours_vs_alloc"]
+    return [f"[CUDA accuracy, {gpu}](#cuda-accuracy-{gpu.lower()}): estimate vs reserved / allocated peak",
+            f"{_apct(rsv['median_abs'])} / {_apct(rsv['max_abs'])}; {_apct(alloc['median_abs'])} / "
+            f"{_apct(alloc['max_abs'])}", "as the CPU grid's", f"{_yes(rsv['met'])}; {_yes(alloc['met'])}",
+            _anchors(s, ANCHORS["ours_vs_reserved"]), f"{m['device']}, torch {m['torch']}",
+            f"`{re.match(r'[0-9a-f]+', m['source']['git_head'])[0]}`", m["started"][:10]]
+
+
+def _md_glance() -> list[list[str]]:
+    """Rows for the benchmarks whose results are the markdown their script writes."""
+    trials, cuda = (RESULTS / "trials.md").read_text(), (RESULTS / "trials-cuda.md").read_text()
+    tune, api = _load("tune"), (RESULTS / "api_load.md").read_text()
+    rows = []
+    for label, text in (("Trials, CPU", trials), ("Trials, CUDA", cuda)):
+        over = re.search(r"median overhead ([\d.]+ s) \(goal <= 2 s: (\w+)\)", text)
+        cv = re.search(r"\| ([\d.]+%) \| (met|NOT met) \|", text)
+        anchor = "measured-trials-" + label.split(", ")[1].lower()
+        rows.append([f"[{label}](#{anchor}): overhead per trial; samples/s CV over 5 repeats",
+                     f"{over[1]}; {cv[1]}", "≤ 2 s; ≤ 5%", f"{_yes(over[2] == 'met')}; {_yes(cv[2] == 'met')}", "—",
+                     _run_of(text)[1], "—", _run_of(text)[0][:10]])
+    ratio = ", ".join(f"{p['workload']} {p['median_ratio']['tpe']:.1%}" for p in tune["presets"].values())
+    met = all(all(p["met"].values()) for p in tune["presets"].values())
+    rows.append(["[Tuner](#tuner): best found with 25% of a grid / the grid's best; orchestration", ratio,
+                 "≥ 95%; ≤ 20%", _yes(met), "—", tune["machine"], "—", tune["started"][:10]])
+    goal = re.search(r"Goal \(p99 <= 50 ms, no errors\): met in (\d+ of \d+) runs", api)
+    date = datetime.strptime(re.search(r"Date: (\w+ \w+ +\d+ [\d:]+ UTC \d+)", api)[1], "%a %b %d %H:%M:%S UTC %Y")
+    rows.append(["[HTTP API under load](#http-api-under-load): 200 clients, p99 and errors", _api_best(api),
+                 "p99 ≤ 50 ms, no errors", f"{goal[1]} runs", "—", re.search(r"Machine: ([^;]*);", api)[1], "—",
+                 f"{date:%Y-%m-%d}"])
+    return rows
+
+
+def _run_of(md: str) -> tuple[str, str]:
+    """(started, machine) from a trial_bench.py markdown's first 'Run ... on ...' line."""
+    m = re.search(r"^Run ([\d-]+ [\d:]+) on (.*?)(?: \(a part|\.$)", md, re.M)
+    return m[1], m[2]
+
+
+def _api_best(md: str) -> str:
+    """The closed-loop run that met the API's goal at the most requests per second, from api_load.md's table."""
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()
+            if line.startswith("| ") and "| closed |" in line and "| met |" in line]
+    best = max(rows, key=lambda r: float(r[5].replace(",", "")))
+    return f"{best[0]}, {best[1]}, closed loop: {best[5]} req/s, p99 {best[8]} ms"
+
+
+def grid_sections() -> list[str]:
+    """The presets grid: how it is measured, then each precision's summary and cases."""
+    out = ["## Presets grid", "",
+           "Eight presets of different kinds (resnet18, vit-b16, bert-base, gpt2-small, lstm, dlrm, unet, mlp) x "
+           "{adamw, sgd-momentum} x 2 batch sizes, per precision, on this CPU. Per case: our `total_bytes` (hardware "
+           "`cpu`, calibrated by short real runs at fractions of the batch) against the measured peak resident set "
+           "(docs/design.md's protocol: VmHWM over the resident set before the build, 3 optimizer steps, median of 3 "
+           "fresh processes); our `allocated_bytes` against the exact live-tensor peak (the profiler's allocator "
+           "events replayed in order); and, against the same resident set in the same run, the anchors: 24 B/param, "
+           "accelerate's `estimate-memory` rule (16 B/param), DeepSpeed's ZeRO-2 one-GPU model states (20 B/param) "
+           "and PyTorch's MemTracker under FakeTensorMode (also against the live-tensor peak). Relative error = "
+           "(estimate - measured) / measured; the anchors' formulas and sources are in bench/estimate_accuracy.py. "
+           "The ablation rows are the same runs with one input of the estimate left out.", ""]
+    for prec, stem in GRID:
+        res = _load(stem)
+        out += [f"### Presets grid, {prec}", "", "```bash",
+                f"{FRESH_DIR} {ESTIMATE} --precisions {prec} --skip maxbatch,speed --out bench/results/{stem}.json",
+                "```", "", run_line(res["meta"], len(res["cases"])), "",
+                _md_table(SUMMARY_COLUMNS, summary_rows(res["summary"])), "",
+                _md_table(CASE_COLUMNS, [case_row(c) for c in res["cases"]]), ""]
+    return out
+
+
+def _part(res: dict[str, Any], kind: str) -> str:
+    """Which part of set `kind` a results file holds: its workloads and precision where not all, else all."""
+    have = {c["workload"] for c in res["cases"]}
+    precisions = {c["precision"] for c in res["cases"]}
+    bits = [] if have == {wc.workload for wc in SETS[kind]} else [", ".join(sorted(w.split(":")[-1] for w in have))]
+    bits += [f"{next(iter(precisions))} half"] if len(precisions) == 1 else []
+    return "; ".join(bits) or ("whole set" if len(res["cases"]) == res["meta"]["planned_cases"] else "first cases")
+
+
+def held_out_section() -> list[str]:
+    """The held-out sets: one row per results file, then what each set holds."""
+    cols = ["set", "run", "cases", "resident set: median / max", "live-tensor peak: median / max", "met",
+            "24 B/param", "accelerate", "DeepSpeed", "MemTracker", "commit", "machine", "started"]
+    rows = []
+    for stem, kind in HELD_OUT:
+        res = _load(stem)
+        m, s = res["meta"], res["summary"]
+        rows.append([f"[{kind}](bench/results/{stem}.md)", _part(res, kind),
+                     f"{len(res['cases'])} of {m['planned_cases']}", _head(s, "ours_vs_rss"), _head(s, "ours_vs_alloc"),
+                     _yes(s["ours_vs_rss"]["met"] and s["ours_vs_alloc"]["met"]),
+                     *(_apct(s[k]["median_abs"]) if k in s else "—"
+                       for k in ("rule24_vs_rss", "accelerate_vs_rss", "deepspeed_vs_rss", "memtracker_vs_rss")),
+                     f"`{m['source']['git_head']}`", cpu_machine(m), m["started"]])
+    return ["## Held-out sets", "",
+            "Models outside the presets, written against the public Workload contract only (docs/design.md). Each "
+            "`fresh` set was written, sized by one measured run per model, and committed before any estimate of it "
+            "was looked at, and is not tuned against: once the estimator changes for a set's cases, a new set is "
+            "written. `kinds` had one batch of each model measured before any estimate of it was looked at. Each run "
+            "compares as the presets grid does, against the same goals; the anchors' columns are "
+            "their median |error| against the resident set. A later run of a part of a set follows the set's whole "
+            "run; each set's link opens its cases.", "", "```bash",
+            f"{FRESH_DIR} {ESTIMATE} --set SET --skip maxbatch,speed --out bench/results/accuracy-SET.json", "```", "",
+            _md_table(cols, rows), "", "What each set holds (bench/workloads/SET.py):", "",
+            *(f"- `{kind}`: {what}." for kind, what in SET_CONTENTS.items()), ""]
+
+
+def largest_section() -> list[str]:
+    res = _load("maxbatch")
+    return ["## Largest batch under a memory cap", "",
+            "Ours: `estimate_memory(...).max_batch_size` for hardware `cpu` with the host's memory set to the cap, "
+            "margin 0. Real: a bisection over batch sizes of the measured resident set (median of up to 3 runs) under "
+            "the cap. The goal: ours / real between 0.9 and 1.0, never above the real largest batch.", "", "```bash",
+            f"{FRESH_DIR} {ESTIMATE} --skip accuracy,speed --out bench/results/maxbatch.json", "```", "",
+            run_line(res["meta"]), "", _md_table(MB_COLUMNS, [mb_row(r) for r in res["max_batch"]]), ""]
+
+
+def speed_section() -> list[str]:
+    res = _load("speed")
+    return ["## Estimator speed", "",
+            "`estimate s` is `MemoryEstimate.seconds`, the median of 3 fresh processes, from the call: it includes "
+            "importing torch and torch._dynamo, which the estimator does on first use; the process's wall and CPU "
+            "seconds add importing advisor. The targets are catalog GPUs, so no real run takes part.", "", "```bash",
+            f"{FRESH_DIR} {ESTIMATE} --skip accuracy,maxbatch --out bench/results/speed.json", "```", "",
+            run_line(res["meta"]), "", _md_table(SPEED_COLUMNS, [speed_row(r) for r in res["speed"]]), ""]
+
+
+def _body(stem: str) -> list[str]:
+    """A benchmark's own markdown (bench/results/STEM.md) without its title and first heading."""
+    lines = (RESULTS / f"{stem}.md").read_text().rstrip("\n").splitlines()
+    while lines and (not lines[0].strip() or lines[0].startswith(("# ", "## "))):
+        lines.pop(0)
+    return lines + [""]
+
+
+def _without_cases(lines: list[str], stem: str) -> list[str]:
+    """`lines` with the per-case table (the one headed '| workload | prec | opt | batch |') left to the results file."""
+    out, skipping = [], False
+    for line in lines:
+        if line.startswith("| workload | prec | opt | batch |"):
+            skipping = True
+            out.append(f"Per-case table: [bench/results/{stem}.md](bench/results/{stem}.md).")
+        elif skipping and not line.startswith("|"):
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return out
+
+
+def cuda_sections() -> list[str]:
+    out = []
+    for gpu, stem in (("H100", "accuracy-cuda"), ("H200", "accuracy-cuda-h200")):
+        out += [f"## CUDA accuracy, {gpu}", "",
+                "The CPU grid's eight presets at their own image sizes and sequence lengths, with batch sizes that put "
+                "the measured peaks at 2-40 GB, on the GPU of the machine it runs on: `estimate_memory(workload, "
+                "'local', ...)`, no real run, against one fresh process's max_memory_reserved and "
+                "max_memory_allocated (the caching allocator is deterministic for a fixed sequence of requests). "
+                "cuDNN picks convolutions' and LSTMs' algorithms, and with them their workspaces, on the device; the "
+                "estimate runs those ops once there to size them.", "", "```bash",
+                f"python bench/estimate_accuracy_cuda.py --out bench/results/{stem}.json   # on the GPU; "
+                "bench/cuda_lease.sh runs it with the GPU tests", "```", "",
+                *_without_cases(_body(stem), stem)]
+    return out
+
+
+def md_sections() -> list[str]:
+    """The benchmarks whose section is the markdown their script writes (with its command, where that is not in it)."""
+    parts = [
+        ("Measured peaks refine the estimate", "calibration", "bench/calibration_accuracy.py",
+         "Per workload: one measured trial at batch A (`probes.run_trial`, `record_peak='always'`: one fresh-process "
+         "run of the CPU protocol after the trial, kept as a measured peak); then `estimate_memory` at B = 4 x A "
+         "against the real peak there (median of 3), before the trial's point and after it, with the calibration "
+         "runs and without; then the largest batch under a cap before and after, the answer after run 3 times."),
+        ("Measured trials, CPU", "trials", "bench/trial_bench.py",
+         "Goals: overhead (a trial's wall time less warm-up and timed window) ≤ 2 s for an eager trial; the "
+         "coefficient of variation of samples/s over 5 repeats ≤ 5% on a compute-bound preset."),
+        ("Measured trials, CUDA", "trials-cuda", "bench/trial_bench.py --device cuda", "The same, on a GPU."),
+        ("Tuner", "tune", None,
+         "Goals: the tuner's best ≥ 95% of the grid's best (median over seeds) with ≤ 25% of the grid's trials; "
+         "tuning wall time ≤ 1.2 x the sum of the trials' wall times."),
+        ("The tuner beside other work", "tune-load", None,
+         "What the trials measure, and how long the run takes, quiet and beside a busy process, with the trials at "
+         "niceness 0 (the tuner's default) and at Ray's default of 15. No goal: a trial on a busy host is no "
+         "measurement, and the tuner waits for quiet (`settle_s`) and says when it never came."),
+        ("HTTP API under load", "api_load", None,
+         "`POST /v1/recommend` answered from stored results to 200 concurrent clients over loopback, against "
+         "`advisor serve` in its own process. The answers come from a cache in front of the app keyed by the "
+         "request's bytes (`api/fastpath.py`), checked against the store's best-generation."),
+    ]
+    out = []
+    for title, stem, command, method in parts:
+        run = ["```bash", f".venv/bin/python {command}", "```", ""] if command else []
+        out += [f"## {title}", "", method, "", *run, *_body(stem)]
+    return out
+
+
+def compose() -> str:
+    head = ["# Benchmarks", "",
+            "What the advisor's benchmarks measure, each beside its goal and the anchors of the same run, with the "
+            "command, commit, machine and date of its current run. This page is written by "
+            "`.venv/bin/python bench/compose_benchmarks.py` from `bench/results/`: a re-run replaces its results "
+            "file there, then that command rewrites the page. Superseded runs are in git's history; "
+            "bench/research/README.md lists the scripts behind the estimator's constants.", "",
+            "## At a glance", "",
+            _md_table(["benchmark", "figure", "goal", "met", "anchors of the same run: median / max |error|", "machine",
+                       "commit", "date"], glance_rows()), ""]
+    body = grid_sections() + held_out_section() + largest_section() + speed_section() + cuda_sections()
+    return "\n".join(head + body + md_sections()).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 where BENCHMARKS.md is not what this would write")
+    args = ap.parse_args(argv)
+    text = compose()
+    if args.check:
+        same = BENCHMARKS.exists() and BENCHMARKS.read_text() == text
+        print(f"{BENCHMARKS}: {'up to date' if same else 'differs: run bench/compose_benchmarks.py'}")
+        return 0 if same else 1
+    BENCHMARKS.write_text(text)
     print(BENCHMARKS)
     return 0
 

@@ -51,7 +51,7 @@ else
 fi
 
 # The accuracy cases, the largest-batch search and (PEAK_CASES, space-separated workload:precision:optimizer:batch
-# specs) bench/cuda_peak_blocks.py's real allocator events beside our traced sequence, side by side (each
+# specs) bench/research/cuda_peak_blocks.py's real allocator events beside our traced sequence, side by side (each
 # measurement is a process of its own with its own peaks), into separate files and separate data dirs (no
 # run's filed peaks refine the other's estimates). Then the GPU tests: their OOM test fills the card (beside
 # it, a case ran out of memory on the H200).
@@ -65,7 +65,7 @@ ADVISOR_DATA_DIR=$(mktemp -d) timeout "${BENCH_TIMEOUT_S:-480}" "$PY" bench/esti
 if [ -n "${PEAK_CASES:-}" ]; then
     peak_args=()
     for c in $PEAK_CASES; do peak_args+=(--case "$c"); done
-    ADVISOR_DATA_DIR=$(mktemp -d) timeout "${BENCH_TIMEOUT_S:-480}" "$PY" bench/cuda_peak_blocks.py \
+    ADVISOR_DATA_DIR=$(mktemp -d) timeout "${BENCH_TIMEOUT_S:-480}" "$PY" bench/research/cuda_peak_blocks.py \
         --events "$OUT/events" --out "$OUT/peaks.jsonl" "${peak_args[@]}" > "$OUT/peaks.log" 2>&1 &
 fi
 wait

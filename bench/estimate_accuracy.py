@@ -1,14 +1,15 @@
 #!/usr/bin/env python
 """How close is `estimate_memory` to what a CPU training step really uses, beside the usual rules of thumb.
 
-    .venv/bin/python bench/estimate_accuracy.py [--quick] [--out bench/results/accuracy.json] [--resume]
+    .venv/bin/python bench/estimate_accuracy.py [--quick] [--set SET] [--precisions fp32,bf16] [--skip PARTS]
+        [--out bench/results/accuracy-fp32.json] [--resume]
 
-Four parts, all written to the JSON (after every case, so a long run can be watched or resumed) and to a
-markdown file next to it (accuracy.md):
+Three parts, all written to the JSON (after every case, so a long run can be watched or resumed) and to a
+markdown file beside it; bench/compose_benchmarks.py puts them in BENCHMARKS.md:
 
 1. Accuracy on this machine's CPU (hardware 'cpu', calibrate=True): 8 workloads of different kinds x
    {fp32, bf16 autocast} x {adamw, sgd-momentum} x 2 batch sizes. Per case:
-   - measured RSS: median of 3 `measure(mode='rss')` runs (DESIGN.md "what a measured peak means": peak
+   - measured RSS: median of 3 `measure(mode='rss')` runs (docs/design.md, "what a measured peak means": peak
      resident set (VmHWM, reset just before build_model()) over the RSS then, fresh process, >= 2
      optimizer steps); where the 3 spread over WIDE_SPREAD, 2 more, and a second comparison against
      the median of all 5 beside the goal's (which stays on the median of 3);
@@ -17,39 +18,16 @@ markdown file next to it (accuracy.md):
    - anchors, against the RSS (see ANCHORS below for each formula and its source), and PyTorch's
      MemTracker under FakeTensorMode against the RSS and the allocated peak.
    Relative error = (estimate - measured) / measured.
-   With `--set unseen`, the same comparisons on bench/workloads/unseen.py: models written outside the
-   presets against DESIGN.md's Workload contract only (a frozen backbone, a GRU, a transformer encoder
-   with dict batches, a 1-D conv net), x the same precisions, optimizers and 2 batch sizes; with `--set
-   fresh`, on bench/workloads/fresh.py's (a depthwise CNN, a seq2seq transformer, a conv VAE, an
-   MLP-Mixer), written in session 21 before any estimate of them was seen; with `--set kinds`, on
-   bench/workloads/kinds.py's, session 27's kinds no other set has (graph message passing, an STFT
-   front end, 3-D convolutions, checkpoint inside the model, EmbeddingBag, a diffusion block, a
-   data-dependent mixture of experts, weight tying); with `--set fresh2`, on bench/workloads/fresh2.py's
-   (a ConvNeXt CNN, a PointNet, a SimCLR-style contrastive model, an FT-Transformer on a dict batch),
-   written in session 37 before any estimate of them was seen; with `--set fresh3`, on
-   bench/workloads/fresh3.py's (a concatenating DenseNet, a shifted-window transformer, a NeRF-style
-   radiance field, a CTC speech model), written in session 46 before any estimate of them was seen; with
-   `--set fresh4`, on bench/workloads/fresh4.py's (a Perceiver, a WaveNet, a spatial transformer, a BiLSTM
-   tagger over packed sequences), written in session 48 before any estimate of them was seen; with `--set
-   fresh5`, on bench/workloads/fresh5.py's (a token-pruning ViT, a one-stage detector with a masked box loss,
-   a Conformer, a message-passing graph network), written in session 49 before any estimate of them was seen; with
-   `--set fresh6`, on bench/workloads/fresh6.py's (a DCN-v2 recommender over multi-hot bags, a universal transformer
-   with adaptive computation time, a selective state-space model, a VQ-VAE), written in session 50 before any
-   estimate of them was seen; with `--set fresh7`, on bench/workloads/fresh7.py's (a WGAN-GP step with its double
-   backward, a Fourier neural operator with complex weights, MoCo v2 with a momentum encoder and a queue, a capsule
-   network with dynamic routing), written in session 51 before any estimate of them was seen; with `--set fresh8`,
-   on bench/workloads/fresh8.py's (a triplet network, a PixelShuffle super-resolution net, a RealNVP flow, a
-   hypernetwork generating per-sample weights), written in session 52 before any estimate of them was seen; with
-   `--set fresh9`, on bench/workloads/fresh9.py's (a neural ODE under a fixed-step RK4 solver, a sliding-window
-   attention language model over unfolded keys, an SE-ResNet with stochastic depth on mixup batches, knowledge
-   distillation from a frozen teacher), written in session 56 before any estimate of them was seen.
+   With `--set SET`, the same comparisons on a held-out set, bench/workloads/SET.py: models written outside the
+   presets against the public Workload contract only (docs/design.md), each set's docstring says what it holds;
+   `fresh` to `fresh9` were each written and sized before any estimate of them was looked at.
 2. Largest batch under a memory cap: our `max_batch_size` for a HardwareSpec whose memory is the cap
    (margin 0) vs a real bisection over batch sizes with measured RSS (median of 3 near the cap) <= cap.
 3. Speed: wall time and peak RSS of `estimate_memory` in a fresh process for three large targets.
 
-Sizes were chosen by measuring each workload once on this machine so that every case's measured RSS
-lies in 0.2-3 GB (fp32/adamw is the largest of the four precision x optimizer pairs, bf16/sgd-momentum
-usually the smallest); they are hard-coded below.
+Sizes were chosen by measuring each workload once so that every case's measured RSS lies in 0.2-3 GB
+(fp32/adamw is the largest of the four precision x optimizer pairs, bf16/sgd-momentum usually the smallest);
+they are hard-coded below.
 
 The machine may be shared: RSS is per process, so measurement runs go two at a time, but wall times
 in part 3 are also reported as CPU time and beside the load average.
@@ -113,8 +91,8 @@ UNSEEN_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("1-D conv audio", f"{_UNSEEN}:audio", {}, (8, 32)),
 ]
 
-# Workloads written in session 21 before any estimate of them was seen (bench/workloads/fresh.py), for
-# `--set fresh`: unseen.py has been read by every session since the twelfth. Sizes chosen as above.
+# Held-out sets (`--set SET`, bench/workloads/SET.py): each `fresh` set was written, and sized by one measured
+# fp32 adamw run per model, before any estimate of it was looked at. Sizes chosen as above.
 _FRESH = "bench/workloads/fresh.py"
 FRESH_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("depthwise CNN", f"{_FRESH}:mobilenet", {}, (8, 32)),
@@ -123,8 +101,8 @@ FRESH_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("MLP-Mixer", f"{_FRESH}:mixer", {}, (8, 32)),
 ]
 
-# Workloads written in session 27 of kinds no other set has (bench/workloads/kinds.py), for `--set kinds`.
-# Batches: the first is the one-off first look's (bench/notes/kinds.md), each 0.2-1.7 GB there.
+# Kinds no other set has (bench/workloads/kinds.py): the first batch of each was measured before any estimate
+# of it was looked at, 0.2-1.7 GB.
 _KINDS = "bench/workloads/kinds.py"
 KINDS_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("graph message passing", f"{_KINDS}:gnn", {}, (8, 16)),
@@ -137,9 +115,7 @@ KINDS_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("tied, reused block", f"{_KINDS}:tied", {}, (8, 32)),
 ]
 
-# Workloads written in session 37 before any estimate of them was seen (bench/workloads/fresh2.py), for
-# `--set fresh2`: fresh.py's were read, and the estimator changed for them, in sessions 22-34. Sized by one
-# measured run each (fp32 adamw, session 37's Intel VM, MiB at the two batches): convnext 332 / 600, pointnet
+# bench/workloads/fresh2.py, sized on an Intel Xeon (MiB at the two batches): convnext 332 / 600, pointnet
 # 808 / 2104, simclr 583 / 1297, ftt 634 / 1917.
 _FRESH2 = "bench/workloads/fresh2.py"
 FRESH2_WORKLOADS: list[WorkloadCase] = [
@@ -149,10 +125,8 @@ FRESH2_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("tabular transformer (dict batch)", f"{_FRESH2}:ftt", {}, (64, 256)),
 ]
 
-# Workloads written in session 46 before any estimate of them was seen (bench/workloads/fresh3.py), for
-# `--set fresh3`: fresh2.py's were estimated in sessions 37-45. Sized by one measured run each (fp32 adamw,
-# session 46's Zen 3 VM, MiB at the two batches): densenet 402 / 1006, swin 880 / 2054, nerf 549 / 1752,
-# ctc 597 / 1927.
+# bench/workloads/fresh3.py, sized on an AMD EPYC, Zen 3 (MiB at the two batches): densenet 402 / 1006, swin
+# 880 / 2054, nerf 549 / 1752, ctc 597 / 1927.
 _FRESH3 = "bench/workloads/fresh3.py"
 FRESH3_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("DenseNet (concatenating CNN)", f"{_FRESH3}:densenet", {}, (16, 64)),
@@ -161,10 +135,8 @@ FRESH3_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("CTC speech (weight_norm, ctc_loss)", f"{_FRESH3}:ctc", {}, (8, 32)),
 ]
 
-# Workloads written in session 48 before any estimate of them was seen (bench/workloads/fresh4.py), for
-# `--set fresh4`: fresh3.py's were estimated in sessions 46-47. Sized by one measured run each (fp32 adamw,
-# session 48's Intel VM, MiB at the batches tried): perceiver 1861 at 8 / 5639 at 32, wavenet 675 / 2205 at
-# 4 / 16, stn 961 / 2748 at 32 / 128, tagger 749 / 1349 at 32 / 128 (91 s for the 3 steps at 128).
+# bench/workloads/fresh4.py, sized on an Intel Xeon (MiB at the batches tried): perceiver 1861 at 8 / 5639 at 32,
+# wavenet 675 / 2205 at 4 / 16, stn 961 / 2748 at 32 / 128, tagger 749 / 1349 at 32 / 128 (91 s for the 3 steps at 128).
 _FRESH4 = "bench/workloads/fresh4.py"
 FRESH4_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("Perceiver (latent cross-attention, SDPA)", f"{_FRESH4}:perceiver", {}, (4, 12)),
@@ -173,11 +145,9 @@ FRESH4_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("BiLSTM tagger (packed sequences)", f"{_FRESH4}:tagger", {}, (16, 48)),
 ]
 
-# Workloads written in session 49 before any estimate of them was seen (bench/workloads/fresh5.py), for
-# `--set fresh5`: session 49 changed how the estimator extrapolates graphs that depend on the data, and two of
-# these have such graphs. Sized by one measured run each (fp32 adamw, session 49's AMD VM, family 26, MiB at
-# the batches tried): prune 456 at 8 / 842 at 32, detector 444 / 1286 at 4 / 16, conformer 1026 / 3164 at
-# 4 / 16, mpnn 1036 / 3146 at 32 / 128.
+# bench/workloads/fresh5.py: two of its models have graphs that depend on the data. Sized on an AMD EPYC, family 26 (MiB
+# at the batches tried): prune 456 at 8 / 842 at 32, detector 444 / 1286 at 4 / 16, conformer 1026 / 3164 at 4 / 16,
+# mpnn 1036 / 3146 at 32 / 128.
 _FRESH5 = "bench/workloads/fresh5.py"
 FRESH5_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("token-pruning ViT (data-dependent count)", f"{_FRESH5}:prune", {}, (16, 64)),
@@ -186,10 +156,8 @@ FRESH5_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("message-passing GNN (index_add_)", f"{_FRESH5}:mpnn", {}, (16, 64)),
 ]
 
-# Workloads written in session 50 before any estimate of them was seen (bench/workloads/fresh6.py), for
-# `--set fresh6`: session 49 changed how batches that read their own values are built and how fake traces are
-# checked against real ones, found on fresh5.py; two of these have such batches or graphs. Sized by one measured
-# run each (fp32 adamw, session 50's AMD VM, family 25 model 17, MiB at the batches tried): dcn 1070 / 1057 /
+# bench/workloads/fresh6.py: two of its models have batches that read their own values or graphs that depend
+# on the data. Sized on an AMD EPYC, family 25 model 17 (MiB at the batches tried): dcn 1070 / 1057 /
 # 1105 / 1291 at 512 / 1024 / 2048 / 8192, act 741 / 1791 at 8 / 32, ssm 862 / 886 / 2194 / 2874 at 6 / 8 / 24 /
 # 32, vqvae 510 / 1335 at 16 / 64.
 _FRESH6 = "bench/workloads/fresh6.py"
@@ -200,10 +168,9 @@ FRESH6_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("VQ-VAE (codebook, straight-through)", f"{_FRESH6}:vqvae", {}, (16, 64)),
 ]
 
-# Workloads written in session 51 before any estimate of them was seen (bench/workloads/fresh7.py), for
-# `--set fresh7`: kinds no earlier set has (a double backward, complex parameters and FFTs, a momentum encoder
-# outside the optimizer with an in-place queue, routing by agreement). Sized by one measured run each (fp32
-# adamw, session 51's AMD VM, family 25 model 17, MiB at the batches tried): wgangp 481 / 1109 at 16 / 64, fno
+# bench/workloads/fresh7.py: kinds no other set has (a double backward, complex parameters and FFTs, a momentum
+# encoder outside the optimizer with an in-place queue, routing by agreement). Sized on an AMD EPYC, family 25
+# model 17 (MiB at the batches tried): wgangp 481 / 1109 at 16 / 64, fno
 # 886 / 1691 / 2134 at 8 / 24 / 32 (75 s a run at 32: FFTs), moco 403 / 973 at 32 / 128, capsnet 680 / 1971 / 3709
 # at 32 / 128 / 256.
 _FRESH7 = "bench/workloads/fresh7.py"
@@ -214,12 +181,10 @@ FRESH7_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("capsule network (dynamic routing)", f"{_FRESH7}:capsnet", {}, (32, 128)),
 ]
 
-# Workloads written in session 52 before any estimate of them was seen (bench/workloads/fresh8.py), for
-# `--set fresh8`: kinds no earlier set has (one encoder run three times a step, PixelShuffle up to full
-# resolution, a normalizing flow's couplings and log-determinant, per-sample weights generated by a
-# hypernetwork). Sized by one measured run each (fp32 adamw, session 52's AMD VM, family 26 model 2, MiB at the
-# batches tried): triplet 434 / 1221 at 16 / 64, superres 297 / 829 at 8 / 32, realnvp 446 / 1315 at 16 / 64,
-# hypernet 278 / 378 / 432 / 987 at 64 / 128 / 256 / 1024.
+# bench/workloads/fresh8.py: kinds no other set has (one encoder run three times a step, PixelShuffle up to full
+# resolution, a normalizing flow's couplings and log-determinant, per-sample weights generated by a hypernetwork). Sized
+# on an AMD EPYC, family 26 model 2 (MiB at the batches tried): triplet 434 / 1221 at 16 / 64, superres 297 / 829 at 8 /
+# 32, realnvp 446 / 1315 at 16 / 64, hypernet 278 / 378 / 432 / 987 at 64 / 128 / 256 / 1024.
 _FRESH8 = "bench/workloads/fresh8.py"
 FRESH8_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("triplet network (one encoder, three passes)", f"{_FRESH8}:triplet", {}, (16, 64)),
@@ -228,12 +193,10 @@ FRESH8_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("hypernetwork (per-sample generated weights, bmm)", f"{_FRESH8}:hypernet", {}, (128, 1024)),
 ]
 
-# Workloads written in session 56 before any estimate of them was seen (bench/workloads/fresh9.py), for
-# `--set fresh9`: kinds no earlier set has (one dynamics block evaluated 16 times by an RK4 solver, windows of keys
-# and values cut by Tensor.unfold, per-sample stochastic depth under mixup, a frozen teacher run without gradients
-# inside the step). Sized by one measured run each (fp32 adamw, session 56's AMD VM, family 26 model 2, MiB at the
-# batches tried): node 413 / 1401 at 8 / 32, localattn 941 / 3256 at 2 / 8, seresnet 483 / 1103 at 16 / 64,
-# distill 394 / 791 at 32 / 128.
+# bench/workloads/fresh9.py: kinds no other set has (one dynamics block evaluated 16 times by an RK4 solver, windows of
+# keys and values cut by Tensor.unfold, per-sample stochastic depth under mixup, a frozen teacher run without gradients
+# inside the step). Sized on an AMD EPYC, family 26 model 2 (MiB at the batches tried): node 413 / 1401 at 8 / 32,
+# localattn 941 / 3256 at 2 / 8, seresnet 483 / 1103 at 16 / 64, distill 394 / 791 at 32 / 128.
 _FRESH9 = "bench/workloads/fresh9.py"
 FRESH9_WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("neural ODE (RK4 over one dynamics block)", f"{_FRESH9}:node", {}, (8, 32)),
@@ -284,7 +247,8 @@ class SpeedCase:
 
 
 SPEED: list[SpeedCase] = [
-    SpeedCase("gpt2-small on h100-sxm (traced)", {"workload": "gpt2-small", "hardware": "h100-sxm", "method": "traced"}, 5.0),
+    SpeedCase("gpt2-small on h100-sxm (traced)",
+              {"workload": "gpt2-small", "hardware": "h100-sxm", "method": "traced"}, 5.0),
     SpeedCase("llama-8b on h100-sxm (auto)", {"workload": "llama-8b", "hardware": "h100-sxm", "method": "auto"}, 30.0),
     SpeedCase("llama-70b on h100-sxm:8 zero3 (auto)",
               {"workload": "llama-70b", "hardware": "h100-sxm:8", "strategy": "zero3", "method": "auto"}, 5.0),
@@ -334,7 +298,7 @@ def memtracker_peak(workload: str, args: dict[str, Any], batch: int, precision: 
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from advisor.config import OptimizerKind, Precision
-    from advisor.estimate.trace import build_batch
+    from advisor.estimate.fake_build import build_batch
     from advisor.training import prepare, train_step
     from advisor.workload import load_workload
 
@@ -370,10 +334,12 @@ def speed_child(kwargs: dict[str, Any]) -> dict[str, Any]:
     """estimate_memory once in this (fresh) process: wall time, CPU time, peak RSS, method."""
     t0 = time.perf_counter()
     c0 = time.process_time()
-    from advisor.estimate.estimator import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.procmem import peak_rss
 
-    est = estimate_memory(**kwargs)
+    request = EstimateRequest(**{k: v for k, v in kwargs.items() if k in EstimateRequest.model_fields})
+    options = EstimateOptions(**{k: v for k, v in kwargs.items() if k in EstimateOptions.model_fields})
+    est = estimate_memory(kwargs["workload"], kwargs["hardware"], request, options)
     return {
         "wall_s": time.perf_counter() - t0,  # includes importing advisor and torch
         "cpu_s": time.process_time() - c0,
@@ -411,7 +377,7 @@ def _median_int(xs: list[int]) -> int:
 
 
 # The issue's target is the median of 3 runs. Where those 3 spread wider than this (max - min over their
-# median), the median of 3 is itself a noisy draw (mlp fp32 sgd-momentum b1024 here, session 25: nine
+# median), the median of 3 is itself a noisy draw (mlp fp32 sgd-momentum b1024: nine
 # runs 258-332 MiB, median 300; the grid's three 301-334), so MORE_RUNS more go and a second comparison,
 # against the median of all, is reported beside the issue's (which stays the goal's).
 WIDE_SPREAD = 0.10
@@ -443,9 +409,9 @@ def _load_avg() -> list[float]:
 
 @functools.cache
 def machine() -> dict[str, Any]:
-    """The machine a run measures on (read once per run): the CPU model as /proc/cpuinfo names it, the kernel, glibc, and
-    this boot's id. VMs of one CPU model measured resident sets 3-16% apart for the same runs (session
-    15), so targets compare only with estimates made on the same boot."""
+    """The machine a run measures on (read once per run): the CPU model as /proc/cpuinfo names it, the kernel,
+    glibc, and this boot's id. Two machines of one CPU model measured resident sets 3-16% apart for the same runs,
+    so targets compare only with estimates made on the same boot."""
     info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -488,7 +454,7 @@ def source_fingerprint() -> dict[str, Any]:
 
 def with_unreached(walked: list[dict[str, Any]], kept: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The cases a --resume run has walked, then those kept from --out (by key) it has not reached: what its
-    file holds, so a run stopped part way (session 36's, killed after 6 new cases; a --budget-s stop) keeps
+    file holds, so a run stopped part way (killed, or by --budget-s) keeps
     every case it was given instead of only those it walked."""
     seen = {c["key"] for c in walked}
     return walked + [c for k, c in kept.items() if k not in seen]
@@ -552,7 +518,8 @@ def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool:
         rec["problems"].append(f"alloc measure: {exc}")
     try:
         mt = mt_f.result()
-        rec["memtracker_bytes"], rec["memtracker_parts"], rec["memtracker_seconds"] = mt["peak_bytes"], mt["parts"], mt["seconds"]
+        rec["memtracker_bytes"], rec["memtracker_parts"] = mt["peak_bytes"], mt["parts"]
+        rec["memtracker_seconds"] = mt["seconds"]
     except Exception as exc:  # noqa: BLE001
         rec["memtracker_bytes"] = None
         rec["problems"].append(f"memtracker: {exc}")
@@ -568,12 +535,13 @@ def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool:
 
 def estimate_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, rec: dict[str, Any]) -> None:
     """Our estimate for the case (calibrated on this CPU) and every error against rec's measured peaks, in place."""
-    from advisor.estimate.estimator import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
 
     rec["problems"] = [p for p in rec.get("problems", []) if not p.startswith("estimate:")]
     try:
-        est = estimate_memory(wc.workload, "cpu", batch, precision=precision, optimizer=optimizer,
-                              workload_args=wc.args, calibrate=True)
+        est = estimate_memory(wc.workload, "cpu",
+                              EstimateRequest(batch_size=batch, precision=precision, optimizer=optimizer),
+                              EstimateOptions(calibrate=True), workload_args=wc.args)
         rec.update(est_total_bytes=est.total_bytes, est_allocated_bytes=est.allocated_bytes, method=est.method,
                    calibrated=est.calibrated, num_params=est.num_params, est_seconds=est.seconds,
                    breakdown=est.breakdown.model_dump(), notes=est.notes)
@@ -605,7 +573,8 @@ def estimate_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, 
     e["ours_vs_rss"] = rel(rec.get("est_total_bytes"), rss)
     e["ours_vs_rss_all_runs"] = rel(rec.get("est_total_bytes"), rss_all_runs(rec))
     e["ours_vs_alloc"] = rel(rec.get("est_allocated_bytes"), alloc)
-    e["ours_no_runs_at_batch_vs_rss"] = rel(rec.get("est_total_bytes_no_runs_at_batch", rec.get("est_total_bytes")), rss)
+    e["ours_no_runs_at_batch_vs_rss"] = rel(rec.get("est_total_bytes_no_runs_at_batch", rec.get("est_total_bytes")),
+                                            rss)
     e["ours_one_top_run_vs_rss"] = rel(rec.get("est_total_bytes_one_top_run", rec.get("est_total_bytes")), rss)
     e["ours_no_replay_vs_rss"] = rel(rec.get("est_total_bytes_no_replay", rec.get("est_total_bytes")), rss)
     for name, val in rec["anchors"].items():
@@ -616,27 +585,27 @@ def estimate_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, 
 
 def _without_runs_at_the_batch(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> int:
     """Ablation: the total estimated again from the same cached calibration (no run) with its runs at the
-    batch itself, and any measured peak there, left out of the resident-set fit and the estimate, as
-    before session 21: the line through the runs at fractions of the batch alone (at batch 1, through
-    its one run there, as before)."""
-    from advisor.estimate import calibrate
+    batch itself, and any measured peak there, left out of the resident-set fit and the estimate: the
+    line through the runs at fractions of the batch alone (at batch 1, through its one run there)."""
+    from advisor.estimate.resident import calibrate
 
-    # batch 1's calibration ran at the batch before session 21 too (calibration_batches(1) == (1,)): its first run stays
+    # batch 1's calibration runs at the batch anyway (calibration_batches(1) == (1,)): its first run stays
     kept = 1 if batch in calibrate.calibration_batches(batch) else 0
-    return _estimate_without(wc, precision, optimizer, batch, lambda calib: [r for r in calib.rss if r[0] == batch][kept:],
+    return _estimate_without(wc, precision, optimizer, batch,
+                             lambda calib: [r for r in calib.rss if r[0] == batch][kept:],
                              lambda p: p[0] == batch)
 
 
 def _without_the_replay(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> int:
     """Ablation: the total estimated again from the same cached calibration (no run) without its runs' heap
-    replayed at the batch (calibrate.replay_at_batch), as before session 38: the fit's line alone."""
+    replayed at the batch (calibrate.replay_at_batch): the fit's line alone."""
     return _estimate_without(wc, precision, optimizer, batch, lambda calib: [], lambda p: False, replayed=False)
 
 
 def _one_top_run(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> int:
     """Ablation: the total estimated again from the same cached calibration (no run) with the repeated run at
-    the largest calibration batch (calibrate.TOP_RUNS) left out, as before session 28: one run per batch size."""
-    from advisor.estimate import calibrate
+    the largest calibration batch (calibrate.TOP_RUNS) left out: one run per batch size."""
+    from advisor.estimate.resident import calibrate
 
     top = calibrate.calibration_batches(batch)[-1]
     return _estimate_without(wc, precision, optimizer, batch,
@@ -652,9 +621,10 @@ def _estimate_without(wc: WorkloadCase, precision: str, optimizer: str, batch: i
     from dataclasses import replace
     from unittest import mock
 
-    from advisor.estimate import calibrate, estimator
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimator
+    from advisor.estimate.resident import calibrate, fit, measured
 
-    real_calibrate, real_points = estimator._calibrate, estimator._measured_points
+    real_calibrate, real_points = measured._calibrate, estimator._measured_points
     left_out: list = []
 
     def calibrate_without(*args, **kwargs):
@@ -667,8 +637,8 @@ def _estimate_without(wc: WorkloadCase, precision: str, optimizer: str, batch: i
                 for r in out:
                     rss.remove(r)
                 rss = tuple(rss)
-                fit = calibrate._fit_resident(args[3], bm, calib.hidden_ratio, rss)
-                calib = replace(calib, **fit._asdict(), rss=rss, batches=tuple(sorted({b for b, _, _ in rss})))
+                refit = fit.fit_resident(args[0].req, bm, calib.hidden_ratio, rss)
+                calib = replace(calib, **refit._asdict(), rss=rss, batches=tuple(sorted({b for b, _, _ in rss})))
             if not replayed:
                 calib = replace(calib, replayed=())
         return calib, bm
@@ -676,10 +646,11 @@ def _estimate_without(wc: WorkloadCase, precision: str, optimizer: str, batch: i
     def points_without(*args, **kwargs):
         return [p for p in real_points(*args, **kwargs) if not point_out(p) and p not in left_out]
 
-    with mock.patch.object(estimator, "_calibrate", calibrate_without), \
+    with mock.patch.object(measured, "_calibrate", calibrate_without), \
             mock.patch.object(estimator, "_measured_points", points_without):
-        return estimator.estimate_memory(wc.workload, "cpu", batch, precision=precision, optimizer=optimizer,
-                                         workload_args=wc.args, calibrate=True).total_bytes
+        return estimator.estimate_memory(wc.workload, "cpu",
+                                         EstimateRequest(batch_size=batch, precision=precision, optimizer=optimizer),
+                                         EstimateOptions(calibrate=True), workload_args=wc.args).total_bytes
 
 
 def _count_params(wc: WorkloadCase) -> int | None:
@@ -697,7 +668,8 @@ def _count_params(wc: WorkloadCase) -> int | None:
 
 ERROR_ROWS = [
     ("ours_vs_rss", "ours (total) vs RSS"),
-    ("ours_vs_rss_all_runs", f"ours (total) vs RSS, median of {3 + MORE_RUNS} runs where 3 spread over {WIDE_SPREAD:.0%}"),
+    ("ours_vs_rss_all_runs",
+     f"ours (total) vs RSS, median of {3 + MORE_RUNS} runs where 3 spread over {WIDE_SPREAD:.0%}"),
     ("ours_vs_alloc", "ours (allocated) vs allocated peak"),
     ("ours_no_runs_at_batch_vs_rss", "ours (total), no runs at the batch itself (ablation) vs RSS"),
     ("ours_one_top_run_vs_rss", "ours (total), one run at the largest calibration batch (ablation) vs RSS"),
@@ -732,7 +704,7 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_max_batch(mc: MaxBatchCase, pool: ThreadPoolExecutor, status, quick: bool) -> dict[str, Any]:
-    from advisor.estimate.estimator import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.hardware import get_hardware
     from advisor.measure import MeasureRequest, measure
 
@@ -742,8 +714,9 @@ def run_max_batch(mc: MaxBatchCase, pool: ThreadPoolExecutor, status, quick: boo
                            "problems": []}
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": mc.cap_bytes})
     status(f"max batch {mc.workload}: estimating")
-    est = estimate_memory(mc.workload, hw, mc.hint, precision=mc.precision, optimizer=mc.optimizer,
-                          workload_args=mc.args, calibrate=True, margin=0.0)
+    est = estimate_memory(mc.workload, hw,
+                          EstimateRequest(batch_size=mc.hint, precision=mc.precision, optimizer=mc.optimizer),
+                          EstimateOptions(calibrate=True, margin=0.0), workload_args=mc.args)
     ours = est.max_batch_size
     rec.update(ours=ours, method=est.method, est_seconds=est.seconds, notes=est.notes)
 
@@ -759,7 +732,8 @@ def run_max_batch(mc: MaxBatchCase, pool: ThreadPoolExecutor, status, quick: boo
             runs.append(int(measure(req).rss_delta_bytes))
         # One run decides when it is clearly on one side of the cap; near it, take the median of 3.
         if not quick and len(runs) < 3 and abs(runs[0] - mc.cap_bytes) <= near * mc.cap_bytes:
-            runs.extend(int(f.result().rss_delta_bytes) for f in [pool.submit(measure, req) for _ in range(3 - len(runs))])
+            futures = [pool.submit(measure, req) for _ in range(3 - len(runs))]
+            runs.extend(int(f.result().rss_delta_bytes) for f in futures)
         rec["probes"][str(b)] = list(runs)
         return _median_int(runs) <= mc.cap_bytes
 
@@ -812,7 +786,8 @@ SPEED_REPEATS = 3
 
 
 def run_speed(sc: SpeedCase, repeats: int = SPEED_REPEATS) -> dict[str, Any]:
-    rec: dict[str, Any] = {"label": sc.label, "kwargs": sc.kwargs, "goal_s": sc.goal_s, "goal_rss_bytes": SPEED_RSS_GOAL,
+    rec: dict[str, Any] = {"label": sc.label, "kwargs": sc.kwargs, "goal_s": sc.goal_s,
+                           "goal_rss_bytes": SPEED_RSS_GOAL,
                            "load_avg_before": _load_avg()}
     try:
         runs = sorted((_child("speed", sc.kwargs, 900.0) for _ in range(repeats)), key=lambda r: r["estimate_seconds"])
@@ -852,7 +827,8 @@ def case_row(c: dict[str, Any]) -> list[str]:
     args = ",".join(f"{k}={v}" for k, v in c["workload_args"].items())
     return [f"{c['workload']}" + (f" ({args})" if args else ""), c["precision"], c["optimizer"], str(c["batch_size"]),
             "—" if not c.get("num_params") else f"{c['num_params'] / 1e6:.1f}",
-            _gb(c.get("rss_bytes")), _gb(c.get("alloc_bytes")), _gb(c.get("est_total_bytes")), _pct(e.get("ours_vs_rss")),
+            _gb(c.get("rss_bytes")), _gb(c.get("alloc_bytes")), _gb(c.get("est_total_bytes")),
+            _pct(e.get("ours_vs_rss")),
             _gb(c.get("est_allocated_bytes")), _pct(e.get("ours_vs_alloc")), _pct(e.get("rule24_vs_rss")),
             _pct(e.get("accelerate_vs_rss")), _pct(e.get("deepspeed_vs_rss")), _pct(e.get("memtracker_vs_rss")),
             _pct(e.get("memtracker_vs_alloc"))]
@@ -869,7 +845,8 @@ def summary_rows(summary: dict[str, Any]) -> list[list[str]]:
         s = summary[key]
         goal = f"median ≤ {s['goal_median'] * 100:.0f}%, max ≤ {s['goal_max'] * 100:.0f}%" if "goal_median" in s else ""
         met = ("yes" if s["met"] else "NO") if "met" in s else ""
-        rows.append([s["label"], str(s["n"]), _apct(s["median_abs"]), _apct(s["max_abs"]), _pct(s["median_signed"]), goal, met])
+        rows.append([s["label"], str(s["n"]), _apct(s["median_abs"]), _apct(s["max_abs"]), _pct(s["median_signed"]),
+                     goal, met])
     return rows
 
 
@@ -909,7 +886,7 @@ def write_markdown(path: Path, results: dict[str, Any]) -> None:
     meta = results["meta"]
     parts = [
         "# Estimator accuracy (bench/estimate_accuracy.py)", "",
-        f"Run {meta['started']} on {meta['host']} ({meta['cpu_count']} CPUs, torch {meta['torch']}), "
+        f"Run {meta['started']} ({meta['cpu_count']} CPUs, torch {meta['torch']}), "
         f"{'quick' if meta['quick'] else 'full'} mode, {len(results['cases'])} of {meta['planned_cases']} cases done"
         f"{'' if meta.get('finished') else ' (in progress)'}. advisor sources: {meta['source']['advisor_dir']} "
         f"(git {meta['source']['git_head']}, sha256 {meta['source']['sha256']})"
@@ -918,11 +895,13 @@ def write_markdown(path: Path, results: dict[str, Any]) -> None:
            if meta.get("machine") else ""), "",
         *([f"**{len(meta['targets_elsewhere'])} of {len(results['cases'])} cases' targets were measured on another "
            "machine or boot than their estimates**, so their errors compare two machines (the same runs' resident "
-           "sets differed by up to 16% between VMs of one CPU model).", ""] if meta.get("targets_elsewhere") else []),
-        "Relative error = (estimate − measured) / measured. RSS = median of 3 fresh-process runs (peak resident set, VmHWM, over "
-        "the RSS before build_model, after 3 optimizer steps); allocated = exact live-tensor peak from profiler memory "
-        "events. Anchors: 24 B/param folk rule; accelerate `estimate-memory` fp32 Adam rule (4 × fp32 model = 16 B/param, "
-        "applied to every case); DeepSpeed `estimate_zero2_model_states_mem_needs` on 1 GPU without offload "
+           "sets differed by up to 16% between machines of one CPU model).",
+           ""] if meta.get("targets_elsewhere") else []),
+        "Relative error = (estimate − measured) / measured. RSS = median of 3 fresh-process runs (peak resident set, "
+        "VmHWM, over the RSS before build_model, after 3 optimizer steps); allocated = exact live-tensor peak from "
+        "profiler memory "
+        "events. Anchors: 24 B/param folk rule; accelerate `estimate-memory` fp32 Adam rule (4 × fp32 model = 16 "
+        "B/param, applied to every case); DeepSpeed `estimate_zero2_model_states_mem_needs` on 1 GPU without offload "
         "(4·P + 16·P = 20 B/param); PyTorch MemTracker under FakeTensorMode over the same build + 2 steps.", "",
         "## Summary", "", _md_table(SUMMARY_COLUMNS, summary_rows(results["summary"])), "",
         "## Cases (CPU, calibrate=True)", "", _md_table(CASE_COLUMNS, [case_row(c) for c in results["cases"]]), "",
@@ -932,12 +911,15 @@ def write_markdown(path: Path, results: dict[str, Any]) -> None:
         parts += ["Problems:", ""] + [f"- `{k}`: {p}" for k, p in probs] + [""]
     if results.get("max_batch"):
         parts += ["## Largest batch under a memory cap", "",
-                  "Ours: `estimate_memory(...).max_batch_size` for hardware 'cpu' with host memory = cap, margin 0. Real: "
-                  "bisection over batch sizes of measured RSS (median of up to 3 runs) ≤ cap.", "",
+                  "Ours: `estimate_memory(...).max_batch_size` for hardware 'cpu' with host memory = cap, margin 0. "
+                  "Real: bisection over batch sizes of measured RSS (median of up to 3 runs) ≤ cap.", "",
                   _md_table(MB_COLUMNS, [mb_row(m) for m in results["max_batch"]]), ""]
     if results.get("speed"):
         parts += ["## Estimator speed (fresh process each)", "",
-                  "`estimate seconds` is MemoryEstimate.seconds, the median of 3 fresh processes (each run's in the JSON): from the call, so it includes importing torch and torch._dynamo, which the estimator does on first use (~2.8 s of gpt2-small's 6.0 on session 38's AMD EPYC, family 25 model 1); process wall/CPU (of that run) add importing advisor. "
+                  "`estimate seconds` is MemoryEstimate.seconds, the median of 3 fresh processes (each run's in the "
+                  "JSON): from the call, so it includes importing torch and torch._dynamo, which the estimator does "
+                  "on first use (~2.8 s of gpt2-small's 6.0 on an AMD EPYC, family 25 model 1); process wall/CPU (of "
+                  "that run) add importing advisor. "
                   "The machine may be shared: compare CPU s with wall s.", "",
                   _md_table(SPEED_COLUMNS, [speed_row(s) for s in results["speed"]]), ""]
     _atomic_write(path, "\n".join(parts))
@@ -990,11 +972,8 @@ def main(argv: list[str] | None = None) -> int:
                     "accuracy-quick.json with --quick); the markdown goes beside it with a .md suffix")
     ap.add_argument("--resume", action="store_true", help="keep the cases already in --out and run only the rest")
     ap.add_argument("--set", choices=("presets", *SETS), default="presets", help="the accuracy part's "
-                    "workloads: the presets' grid, bench/workloads/unseen.py's models written outside them, "
-                    "bench/workloads/fresh.py's, written in session 21 before any estimate of them was seen, "
-                    "bench/workloads/kinds.py's, session 27's kinds no other set has, or bench/workloads/fresh2.py's "
-                    "to fresh9.py's, each written in a later session before any estimate of it was seen (its "
-                    "docstring says which)")
+                    "workloads: the presets' grid, or a held-out set of models written outside them, "
+                    "bench/workloads/SET.py (its docstring says what it holds)")
     ap.add_argument("--only", default=None, help="comma-separated workload names to run (accuracy part); with --resume "
                     "the other workloads' kept cases stay in --out as they are")
     ap.add_argument("--precisions", default=None, help="comma-separated precisions to run (accuracy part: "
@@ -1002,8 +981,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: accuracy, maxbatch, speed")
     ap.add_argument("--render-only", action="store_true", help="rewrite the markdown and print the tables from --out")
     ap.add_argument("--reestimate", action="store_true", help="with --resume: estimate the kept cases again with "
-                    "the current code (their measured peaks stay), so the whole table is one estimator's; warns, and the "
-                    "markdown says, where the targets were measured on another machine or boot")
+                    "the current code (their measured peaks stay), so the whole table is one estimator's; warns, and "
+                    "the markdown says, where the targets were measured on another machine or boot")
     ap.add_argument("--child-memtracker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-speed", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1024,7 +1003,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     console = Console() if sys.stdout.isatty() else Console(width=240)
-    out = (args.out or ROOT / "bench" / "results" / ("accuracy-quick.json" if args.quick else "accuracy.json")).resolve()
+    default = "accuracy-quick.json" if args.quick else "accuracy.json"
+    out = (args.out or ROOT / "bench" / "results" / default).resolve()
     md = out.with_suffix(".md")
     if args.set in SETS:
         os.chdir(ROOT)  # the workloads are named by their path in the tree, for every fresh process of a run too
@@ -1108,7 +1088,7 @@ def main(argv: list[str] | None = None) -> int:
                             "[yellow]warning: kept targets were measured on another machine or boot "
                             f"({(rec.get('measured_on') or {}).get('cpu', 'not recorded')}); this one is "
                             f"{results['meta']['machine']['cpu']}. Resident sets of the same runs differ by up to "
-                            "16% between VMs of one CPU model: the errors compare two machines.[/yellow]")
+                            "16% between machines of one CPU model: the errors compare two machines.[/yellow]")
                     elsewhere.append(key)
                 if args.reestimate and rec.get("estimated_with") != results["meta"]["source"]["git_head"]:
                     progress.update(t_cases, status=f"{wc.workload} {prec} {opt} b={b}: estimating again")
@@ -1129,15 +1109,18 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 rec = run_case(wc, prec, opt, b, pool, status)
             except Exception as exc:  # noqa: BLE001 - a benchmark goes on past one broken case
-                rec = {"key": key, "kind": wc.kind, "workload": wc.workload, "workload_args": wc.args, "precision": prec,
-                       "optimizer": opt, "batch_size": b, "errors": {}, "problems": [f"case failed: {type(exc).__name__}: {exc}"]}
+                rec = {"key": key, "kind": wc.kind, "workload": wc.workload, "workload_args": wc.args,
+                       "precision": prec, "optimizer": opt, "batch_size": b, "errors": {},
+                       "problems": [f"case failed: {type(exc).__name__}: {exc}"]}
             results["cases"].append(rec)
             e = rec["errors"]
             progress.console.print(
-                f"{label}: RSS {_gb(rec.get('rss_bytes'))} GB (runs {', '.join(_gb(x) for x in rec.get('rss_runs', []))}"
+                f"{label}: RSS {_gb(rec.get('rss_bytes'))} GB (runs "
+                f"{', '.join(_gb(x) for x in rec.get('rss_runs', []))}"
                 + (f"; more {', '.join(_gb(x) for x in rec['rss_runs_more'])}: {_pct(e.get('ours_vs_rss_all_runs'))}"
                    if rec.get("rss_runs_more") else "") + "), "
-                f"ours {_gb(rec.get('est_total_bytes'))} ({_pct(e.get('ours_vs_rss'))}); alloc {_gb(rec.get('alloc_bytes'))}, "
+                f"ours {_gb(rec.get('est_total_bytes'))} ({_pct(e.get('ours_vs_rss'))}); alloc "
+                f"{_gb(rec.get('alloc_bytes'))}, "
                 f"ours {_gb(rec.get('est_allocated_bytes'))} ({_pct(e.get('ours_vs_alloc'))}); MemTracker "
                 f"{_pct(e.get('memtracker_vs_alloc'))} vs alloc; {rec.get('seconds', 0):.0f} s"
                 + (f" [red]problems: {'; '.join(rec['problems'])}[/red]" if rec.get("problems") else ""),
@@ -1160,8 +1143,9 @@ def main(argv: list[str] | None = None) -> int:
                 m = {"workload": mc.workload, "workload_args": mc.args, "precision": mc.precision,
                      "optimizer": mc.optimizer, "cap_bytes": mc.cap_bytes, "problems": [f"{type(exc).__name__}: {exc}"]}
             results["max_batch"].append(m)
-            progress.console.print(f"max batch {mc.workload} under {mc.cap_bytes / GB:.2f} GB: ours {m.get('ours')}, real "
-                                   f"{m.get('real')}..{m.get('real_upper')}, ratio {m.get('ratio')}", highlight=False)
+            progress.console.print(f"max batch {mc.workload} under {mc.cap_bytes / GB:.2f} GB: ours {m.get('ours')}, "
+                                   f"real {m.get('real')}..{m.get('real_upper')}, ratio {m.get('ratio')}",
+                                   highlight=False)
             save()
             progress.advance(t_mb)
         progress.update(t_mb, status="done")
@@ -1173,8 +1157,10 @@ def main(argv: list[str] | None = None) -> int:
             progress.update(t_sp, status=sc.label)
             r = run_speed(sc, 1 if args.quick else SPEED_REPEATS)
             results["speed"].append(r)
-            progress.console.print(f"speed {sc.label}: {r.get('method')} {r.get('estimate_seconds', float('nan')):.2f} s, "
-                                   f"peak RSS {r.get('peak_rss_bytes', 0) / GB:.3f} GB" + (f" {r['problem']}" if 'problem' in r else ""),
+            progress.console.print(f"speed {sc.label}: {r.get('method')} "
+                                   f"{r.get('estimate_seconds', float('nan')):.2f} s, "
+                                   f"peak RSS {r.get('peak_rss_bytes', 0) / GB:.3f} GB"
+                                   + (f" {r['problem']}" if 'problem' in r else ""),
                                    highlight=False)
             save()
             progress.advance(t_sp)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The estimator against real CUDA peaks (DESIGN.md: max_memory_allocated / max_memory_reserved), on
+"""The estimator against real CUDA peaks (docs/design.md: max_memory_allocated / max_memory_reserved), on
 the GPU of the machine it runs on. Needs a CUDA GPU.
 
     python bench/estimate_accuracy_cuda.py [--out bench/results/accuracy-cuda.json] [--resume] [--budget-s N]
@@ -27,8 +27,8 @@ import platform
 import statistics
 import sys
 import time
-from contextlib import contextmanager
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,23 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.estimate_accuracy import (  # noqa: E402
-    GB, GOALS, MaxBatchCase, WorkloadCase, _apct, _atomic_write, _child, _gb, _md_table, _pct, anchor_accelerate,
-    anchor_deepspeed, anchor_rule24, case_key, rel, source_fingerprint, with_unreached,
+    GB,
+    GOALS,
+    MaxBatchCase,
+    WorkloadCase,
+    _apct,
+    _atomic_write,
+    _child,
+    _gb,
+    _md_table,
+    _pct,
+    anchor_accelerate,
+    anchor_deepspeed,
+    anchor_rule24,
+    case_key,
+    rel,
+    source_fingerprint,
+    with_unreached,
 )
 
 CUDA_WORKLOADS: list[WorkloadCase] = [
@@ -104,12 +119,13 @@ def estimate_fields(wc: WorkloadCase, precision: str, optimizer: str, batch: int
     Runs in this process or in a worker of --jobs: the estimate traces on the host's CPU only."""
     import logging
 
-    from advisor.estimate.estimator import estimate_memory
+    from advisor.estimate import EstimateRequest, estimate_memory
     from advisor.hardware import get_hardware
 
     logging.getLogger("advisor").setLevel(logging.ERROR)
     try:
-        est = estimate_memory(wc.workload, get_hardware("local"), batch, precision=precision, optimizer=optimizer,
+        est = estimate_memory(wc.workload, get_hardware("local"),
+                              EstimateRequest(batch_size=batch, precision=precision, optimizer=optimizer),
                               workload_args=wc.args)
     except Exception as exc:  # noqa: BLE001 - record and go on
         return {"problems": [f"estimate: {type(exc).__name__}: {exc}"]}
@@ -124,7 +140,8 @@ def new_record(wc: WorkloadCase, precision: str, optimizer: str, batch: int) -> 
             "errors": {}, "problems": []}
 
 
-def measure_fields(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool: ThreadPoolExecutor) -> dict[str, Any]:
+def measure_fields(wc: WorkloadCase, precision: str, optimizer: str, batch: int,
+                   pool: ThreadPoolExecutor) -> dict[str, Any]:
     """The measured peaks of one case (a fresh process on the GPU) and MemTracker's (another), at once."""
     from advisor.measure import MeasureRequest, measure
 
@@ -152,7 +169,8 @@ MEASURED_FIELDS = ("memtracker_bytes", "alloc_bytes", "reserved_bytes", "context
 def score(rec: dict[str, Any]) -> dict[str, Any]:
     """The record's errors: ours, the anchors and MemTracker against the measured peaks."""
     p = rec.get("num_params")
-    anchors = {"rule24": anchor_rule24(p), "accelerate": anchor_accelerate(p), "deepspeed": anchor_deepspeed(p)} if p else {}
+    anchors = {"rule24": anchor_rule24(p), "accelerate": anchor_accelerate(p),
+               "deepspeed": anchor_deepspeed(p)} if p else {}
     res, alloc = rec.get("reserved_bytes"), rec.get("alloc_bytes")
     e = rec["errors"] = {}
     e["ours_vs_reserved"] = rel(rec.get("est_total_bytes"), res)
@@ -176,7 +194,8 @@ def run_case(wc: WorkloadCase, precision: str, optimizer: str, batch: int, pool:
     else:
         measured = measure_fields(wc, precision, optimizer, batch, pool)
         est = estimate.result()
-    rec.update({k: v for k, v in est.items() if k != "problems"}, **{k: v for k, v in measured.items() if k != "problems"})
+    rec.update({k: v for k, v in est.items() if k != "problems"},
+               **{k: v for k, v in measured.items() if k != "problems"})
     rec["problems"] = est["problems"] + measured["problems"]
     rec["seconds"] = time.perf_counter() - t0
     return score(rec)
@@ -190,15 +209,16 @@ def _child_memtracker(wc: WorkloadCase, batch: int, precision: str, optimizer: s
 def run_max_batch(mc: MaxBatchCase, hw) -> dict[str, Any]:
     """Ours under a cap (the device's memory set to it, margin 0) vs a bisection of measured reserved peaks."""
     from advisor.errors import TrialError
-    from advisor.estimate.estimator import estimate_memory
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
     from advisor.measure import MeasureRequest, measure
 
     t0 = time.perf_counter()
     # memory_per_device_bytes is a property of the accelerator's memory: cap that (model_copy would
     # set a property's name without effect)
     capped = hw.model_copy(update={"accelerator": hw.accelerator.model_copy(update={"memory_bytes": mc.cap_bytes})})
-    est = estimate_memory(mc.workload, capped, mc.hint, precision=mc.precision, optimizer=mc.optimizer,
-                          workload_args=mc.args, margin=0.0)
+    est = estimate_memory(mc.workload, capped,
+                          EstimateRequest(batch_size=mc.hint, precision=mc.precision, optimizer=mc.optimizer),
+                          EstimateOptions(margin=0.0), workload_args=mc.args)
     rec: dict[str, Any] = {"workload": mc.workload, "workload_args": mc.args, "precision": mc.precision,
                            "optimizer": mc.optimizer, "cap_bytes": mc.cap_bytes, "ours": est.max_batch_size,
                            "notes": est.notes, "estimate_seconds": est.seconds, "probes": {}, "problems": []}
@@ -291,8 +311,8 @@ def _kept_note(cases: list[dict[str, Any]]) -> list[str]:
         return []
     runs = "; ".join(f"{n} measured in the run of {when}" for when, n in kept.items())
     rest = len(cases) - sum(kept.values())
-    return [f"Estimated again in this run with the current code (`--reestimate`); measured peaks kept from an earlier run "
-            f"on the same kind of GPU, where the caching allocator's peaks are deterministic: {runs}"
+    return [f"Estimated again in this run with the current code (`--reestimate`); measured peaks kept from an earlier "
+            f"run on the same kind of GPU, where the caching allocator's peaks are deterministic: {runs}"
             + (f"; {rest} measured in this run." if rest else "."), ""]
 
 
@@ -313,7 +333,7 @@ def write_markdown(path: Path, res: dict[str, Any]) -> None:
         f"{meta['source']['git_head']} (sha256 {meta['source']['sha256']}).", "",
         *_kept_note(res["cases"]),
         "Measured: one fresh process per case, `reset_peak_memory_stats()` before the build, peaks over 3 optimizer "
-        "steps (DESIGN.md). Ours: `estimate_memory(workload, 'local', batch, precision, optimizer)`, no real run. "
+        "steps (docs/design.md). Ours: `estimate_memory(workload, 'local', batch, precision, optimizer)`, no real run. "
         "Relative error = (estimate − measured) / measured.", "",
         _md_table(["comparison", "n", "median |err|", "max |err|", "median (signed)", "goal", "met"], srows), "",
         _md_table(COLUMNS, [case_row(c) for c in res["cases"]]), "",
@@ -415,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     prev_run = None
     if args.resume and args.out.exists():
         prev = json.loads(args.out.read_text())
-        done = {c["key"]: c for c in prev["cases"] if c.get("reserved_bytes") and (c.get("est_total_bytes") or args.reestimate)}
+        done = {c["key"]: c for c in prev["cases"]
+                if c.get("reserved_bytes") and (c.get("est_total_bytes") or args.reestimate)}
         prev_run = f"{prev['meta']['started']} (torch {prev['meta']['torch']})"
         res["max_batch"] = [m for m in prev.get("max_batch", []) if m.get("real")]
         if "accuracy" in skip:  # the cases stay as they were; only the parts run now change
@@ -464,8 +485,8 @@ def main(argv: list[str] | None = None) -> int:
                 rec = run_case(wc, prec, opt, b, pool, ahead.get(key))
             res["cases"].append(rec)
             e = rec["errors"]
-            print(f"[{i + 1}/{len(plan)}] {wc.workload} {prec} {opt} b={b}: reserved {_gb(rec.get('reserved_bytes'))} GB, "
-                  f"ours {_gb(rec.get('est_total_bytes'))} ({_pct(e.get('ours_vs_reserved'))}); allocated "
+            print(f"[{i + 1}/{len(plan)}] {wc.workload} {prec} {opt} b={b}: reserved {_gb(rec.get('reserved_bytes'))} "
+                  f"GB, ours {_gb(rec.get('est_total_bytes'))} ({_pct(e.get('ours_vs_reserved'))}); allocated "
                   f"{_gb(rec.get('alloc_bytes'))}, ours {_pct(e.get('ours_vs_alloc'))}; MemTracker "
                   f"{_pct(e.get('memtracker_vs_alloc'))}"
                   + (f"; {rec['seconds']:.0f} s" if "seconds" in rec else "; measured peaks kept")
@@ -481,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             m = run_max_batch(mc, hw)
         except Exception as exc:  # noqa: BLE001
-            m = {"workload": mc.workload, "workload_args": mc.args, "precision": mc.precision, "optimizer": mc.optimizer,
+            m = {"workload": mc.workload, "workload_args": mc.args, "precision": mc.precision,
+                 "optimizer": mc.optimizer,
                  "cap_bytes": mc.cap_bytes, "problems": [f"{type(exc).__name__}: {exc}"]}
         res["max_batch"].append(m)
         print(f"max batch {mc.workload} under {mc.cap_bytes / GB:.2f} GB: ours {m.get('ours')}, real {m.get('real')}, "

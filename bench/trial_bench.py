@@ -15,7 +15,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
-from probes.config import TrialBudget  # noqa: E402
+from advisor.trial import TrialBudget  # noqa: E402
 from probes.runner import run_trial  # noqa: E402
 
 IMAGE = ("resnet18", {"image_size": 64, "classes": 100, "decode_cost_ms": 4.0, "num_samples": 4096})
@@ -40,7 +39,8 @@ HARDWARE = "cpu"  # "local" with --device cuda
 
 def _row(r) -> dict:
     return {"status": r.status.value, "error": (r.error or "").splitlines()[0] if r.error else None,
-            "config": {"batch_size": r.config.batch_size, **r.config.changes()}, "samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens_per_s,
+            "config": {"batch_size": r.config.batch_size, **r.config.changes()}, "samples_per_s": r.samples_per_s,
+            "tokens_per_s": r.tokens_per_s,
             "p50_ms": r.step_time_s.p50 * 1e3 if r.step_time_s else None,
             "data_wait": r.data_wait_fraction, "peak_mib": (r.peak_memory_bytes or 0) / 2**20,
             "predicted_mib": (r.predicted_memory_bytes or 0) / 2**20, "compile_s": r.compile_s,
@@ -77,7 +77,7 @@ def repeat(n: int, cuda: bool = False) -> dict:
     budget = TrialBudget(warmup_steps=3, min_steps=20, min_time_s=4.0)
     out = []
     for name, args, batch, role in (CUDA_REPEATS if cuda else REPEATS):
-        # threads=1 on this 2-core VM: the second core absorbs the OS and the harness, so the repeats
+        # threads=1 on a 2-core machine: the second core absorbs the OS and the harness, so the repeats
         # measure the config rather than whatever else the machine did at the time
         knobs = {"batch_size": batch} if cuda else {"batch_size": batch, "threads": REPEAT_THREADS}
         rows = [_row(run_trial(name, knobs, hardware=HARDWARE, workload_args=args, budget=budget, estimate=False))
@@ -136,7 +136,7 @@ def _ran(res: dict, part: str) -> list[str]:
 def markdown(res: dict) -> str:
     title = "## Measured trials on CUDA" if res.get("device") == "cuda" else "## Measured trials"
     lines = [title, "", f"Run {res['started']} on {res['machine']}"
-             + (" (parts that ran elsewhere or earlier say so)." if any(_ran(res, p) for p in PARTS if p in res)
+             + (" (a part run on another machine or date says so)." if any(_ran(res, p) for p in PARTS if p in res)
                 else "."), ""]
     if "overhead" in res:
         o = res["overhead"]
@@ -144,12 +144,14 @@ def markdown(res: dict) -> str:
         lines += ["### Per-trial overhead (eager)", "", *_ran(res, "overhead"),
                   f"{len(o['trials'])} trials of `{SMALL[0]}` (batch 64, warm-up 2, >= 5 steps and >= 1 s): median "
                   f"overhead {o['median_overhead_s']:.2f} s (goal <= 2 s: {'met' if o['met'] else 'NOT met'}); "
-                  f"each: {each} s. Of that, building the model and its optimizer (the workload's own cost, paid by any "
-                  f"training run) took a median {o['median_build_s']:.2f} s; the harness itself (start, data loader, "
+                  f"each: {each} s. Of that, building the model and its optimizer (the workload's own cost, paid by "
+                  f"any training run) took a median {o['median_build_s']:.2f} s; the harness itself (start, data "
+                  f"loader, "
                   f"estimate, teardown) {o['median_harness_s']:.2f} s. The first trial of a process "
                   f"also starts the fork server (torch import): {o['first_trial']['overhead_s']:.2f} s.", ""]
     if "repeat" in res and "rows" in res["repeat"]:
-        lines += ["### Repeatability", "", *_ran(res, "repeat"), "Each row: one config, each repeat a fresh trial process (warm-up 3, >= 20 "
+        lines += ["### Repeatability", "", *_ran(res, "repeat"),
+                  "Each row: one config, each repeat a fresh trial process (warm-up 3, >= 20 "
                   "steps and >= 4 s), run one after another.", "",
                   "| preset | batch | threads | samples/s | CV | goal <= 5% |", "|---|---|---|---|---|---|"]
         for rp in res["repeat"]["rows"]:
@@ -168,7 +170,8 @@ def markdown(res: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: overhead, repeat, grid")
-    ap.add_argument("--merge", action="store_true", help="keep the parts of an earlier results file that this run skips")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the parts of an earlier results file that this run skips")
     ap.add_argument("--quick", action="store_true", help="fewer repeats and a smaller grid")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the trials run on this machine's GPU (hardware 'local'); results in trials-cuda.*")
@@ -179,8 +182,7 @@ def main() -> int:
 
     from advisor.hardware.sysinfo import cpu_model_name
 
-    machine = (f"{platform.node() and 'vm'} ({cpu_model_name()}, {len(os.sched_getaffinity(0))} CPUs, "
-               f"torch {torch.__version__})")
+    machine = f"{cpu_model_name()}, {len(os.sched_getaffinity(0))} CPUs, torch {torch.__version__}"
     if args.device == "cuda":
         global HARDWARE
         if not torch.cuda.is_available():
@@ -211,7 +213,8 @@ def main() -> int:
         res["image"] = {"preset": f"{IMAGE[0]} {IMAGE[1]}", "rows": grid(IMAGE, image_axes, budget)}
         tr_axes = {"batch_size": [8] if args.quick else [8, 32], "precision": ["fp32", "bf16"],
                    "compile_mode": ["none", "default"], "threads": [2]}
-        res["transformer"] = {"preset": f"{TRANSFORMER[0]} {TRANSFORMER[1]}", "rows": grid(TRANSFORMER, tr_axes, budget)}
+        res["transformer"] = {"preset": f"{TRANSFORMER[0]} {TRANSFORMER[1]}",
+                              "rows": grid(TRANSFORMER, tr_axes, budget)}
     stem = "trials-cuda" if args.device == "cuda" else "trials"
     for part in PARTS:  # each part says when and where it ran: a merged file holds parts of several runs
         if part in res:

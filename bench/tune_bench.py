@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -51,7 +50,7 @@ SAMPLERS = ("tpe", "tpe-plain", "random")  # the tuner's default (screen, then T
 
 
 def _budget():
-    from probes.config import TrialBudget
+    from advisor.trial import TrialBudget
 
     return TrialBudget(warmup_steps=2, min_steps=5, min_time_s=1.5, timeout_s=300.0)
 
@@ -75,7 +74,7 @@ def _changes(config) -> dict[str, Any]:
 
 def _progress(label: str):
     def on_result(result: dict[str, Any], done: int, total: int) -> None:
-        from probes.config import TrainingConfig
+        from advisor.trial import TrainingConfig
 
         raw = result.get("config")
         knobs = _changes(TrainingConfig.model_validate_json(raw)) if raw else {}
@@ -173,7 +172,8 @@ def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
         lines.append(f"| {seed} | {_ratio(t)} | {_knobs(t and t['best_config'])} | {_ratio(plain)} | {_ratio(r)} | "
                      f"{_knobs(r and r['best_config'])} |")
     m = p["median_ratio"]
-    lines += [f"| **median** | **{m['tpe']:.1%}** | | **{_pct(m.get('tpe-plain'))}** | **{_pct(m.get('random'))}** | |", "",
+    median = f"| **median** | **{m['tpe']:.1%}** | | **{_pct(m.get('tpe-plain'))}** | **{_pct(m.get('random'))}** | |"
+    lines += [median, "",
               f"The tuner reaches >= {GOAL_RATIO:.0%} of the grid's best (median): "
               f"{'met' if p['met']['ratio'] else 'NOT met'}.", ""]
     return lines
@@ -198,7 +198,7 @@ def _machine() -> str:
 
     from advisor.hardware.sysinfo import cpu_model_name
 
-    return f"{platform.node() and 'vm'} ({len(os.sched_getaffinity(0))} CPUs: {cpu_model_name()}, torch {torch.__version__})"
+    return f"{cpu_model_name()}, {len(os.sched_getaffinity(0))} CPUs, torch {torch.__version__}"
 
 
 def main() -> int:

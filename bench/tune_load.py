@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SPACE = ROOT / "bench" / "spaces" / "tune-load.yaml"
 # name, busy loops, RAY_worker_niceness
-SCENARIOS = [("quiet", 0, "0"), ("loaded, trials at niceness 0", None, "0"), ("loaded, trials at niceness 15", None, "15")]
+SCENARIOS = [("quiet", 0, "0"), ("loaded, trials at niceness 0", None, "0"),
+             ("loaded, trials at niceness 15", None, "15")]
 
 
 def run_scenario(loops: int, niceness: str, trials: int) -> dict[str, Any]:
@@ -69,9 +70,10 @@ def markdown(res: dict[str, Any]) -> str:
     quiet = {t["config"]: t["tokens_per_s"] for t in res["scenarios"][0]["trials"]}
     lines = [f"## The tuner beside other work ({res['meta']['started']})", "",
              f"`bench/tune_load.py --load {res['meta']['load']} --trials {res['meta']['trials']}` on "
-             f"{res['meta']['cpu']} ({res['meta']['cpu_count']} CPUs), git {res['meta']['git']}: tiny-gpt2 (seq_len 128), "
-             "bench/spaces/tune-load.yaml by brute force, a fresh data dir each.", "",
-             "| scenario | run wall s | trials' wall s | orchestration | tokens/s vs quiet, per configuration (median) | rank niceness |",
+             f"{res['meta']['cpu']} ({res['meta']['cpu_count']} CPUs), git {res['meta']['git']}: tiny-gpt2 (seq_len "
+             "128), bench/spaces/tune-load.yaml by brute force, a fresh data dir each.", "",
+             "| scenario | run wall s | trials' wall s | orchestration | tokens/s vs quiet, per configuration "
+             "(median) | rank niceness |",
              "|---|---|---|---|---|---|"]
     for name, sc in zip(res["names"], res["scenarios"]):
         ratios = {t["config"]: t["tokens_per_s"] / quiet[t["config"]] for t in sc["trials"]
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=4, help="configurations per scenario (default 4: the whole grid)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tune-load.json")
     args = ap.parse_args(argv)
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=ROOT).stdout.strip()
     res: dict[str, Any] = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "load": args.load,
                                     "trials": args.trials, "cpu": cpu_model_name(),
                                     "cpu_count": os.cpu_count(), "git": git},
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         res["names"].append(name)
         res["scenarios"].append(sc)
         print(f"  run {sc['run_wall_s']:.0f} s, trials {sc['trial_s']:.0f} s: "
-              + "; ".join(f"{t['config']} {t['tokens_per_s'] or 0:.0f} tok/s (nice {t['niceness']})" for t in sc["trials"]),
+              + "; ".join(f"{t['config']} {t['tokens_per_s'] or 0:.0f} tok/s (nice {t['niceness']})"
+                          for t in sc["trials"]),
               flush=True)
         args.out.write_text(json.dumps(res, indent=1))
     md = markdown(res)

@@ -1,21 +1,22 @@
-"""Workloads written in session 21, before any estimate of them was looked at, against DESIGN.md's public
-Workload contract only (`bench/estimate_accuracy.py --set fresh`): bench/workloads/unseen.py has been
-measured and read by every session since the twelfth, so it no longer tells how the estimator does on
-models nobody looked at. A MobileNetV2-style CNN (depthwise convolutions, inverted residuals, ReLU6), a
-sequence-to-sequence nn.Transformer (encoder and decoder, causal mask, tuple batches), a convolutional
-VAE (transposed convolutions, a reparameterized latent, a two-term loss) and an MLP-Mixer (token mixing
-through transposes). Not to be tuned against: a later session that changes the estimator for these
-should write another set.
+"""Workloads written before any estimate of them was looked at, against the public Workload contract only
+(docs/design.md; `bench/estimate_accuracy.py --set fresh`): a MobileNetV2-style CNN (depthwise convolutions,
+inverted residuals, ReLU6), a sequence-to-sequence nn.Transformer (encoder and decoder, causal mask, tuple batches),
+a convolutional VAE (transposed convolutions, a reparameterized latent, a two-term loss) and an MLP-Mixer (token
+mixing through transposes). Not to be tuned against: a change of the estimator made for these cases calls for
+another set.
 """
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
+
 from advisor import Workload
 
 
 def _gen(seed=0):
-    g = torch.Generator(); g.manual_seed(seed); return g
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
 
 
 def _images(n, size, classes):
@@ -112,7 +113,8 @@ def vae(batch_size: int = 32, image_size: int = 64, latent: int = 128):
         kl = -0.5 * torch.mean(1 + logvar - mu.pow(2) - logvar.exp())
         return F.mse_loss(y, x) + 1e-3 * kl
 
-    return Workload(name="vae", build_model=M, make_batch=lambda n: torch.randn(n, 3, image_size, image_size, generator=_gen()),
+    return Workload(name="vae", build_model=M,
+                    make_batch=lambda n: torch.randn(n, 3, image_size, image_size, generator=_gen()),
                     loss_fn=loss, default_batch_size=batch_size)
 
 

@@ -1,13 +1,11 @@
-"""Workloads written in session 37, before any estimate of them was looked at, against DESIGN.md's public
-Workload contract only (`bench/estimate_accuracy.py --set fresh2`): bench/workloads/fresh.py was read and
-the estimator changed for its cases in sessions 22-34, so it no longer tells how the estimator does on
-models nobody looked at. A ConvNeXt-style CNN (7x7 depthwise convolutions, LayerNorm over channels-last
-permutes, layer scale), a PointNet (point clouds: shared per-point MLPs as 1-D convolutions, a learned
-3x3 and 64x64 transform applied by bmm, max pooling over points), a SimCLR-style contrastive model (two
-views of each image through one encoder, an NT-Xent loss over a 2B x 2B similarity matrix) and an
-FT-Transformer for tabular data (a dict batch of numeric and categorical columns, one token per column,
-a CLS token, pre-norm encoder layers). Not to be tuned against: a later session that changes the
-estimator for these should write another set.
+"""Workloads written before any estimate of them was looked at, against the public Workload contract only
+(docs/design.md; `bench/estimate_accuracy.py --set fresh2`): a ConvNeXt-style CNN (7x7 depthwise convolutions,
+LayerNorm over channels-last permutes, layer scale), a PointNet (point clouds: shared per-point MLPs as 1-D
+convolutions, a learned 3x3 and 64x64 transform applied by bmm, max pooling over points), a SimCLR-style contrastive
+model (two views of each image through one encoder, an NT-Xent loss over a 2B x 2B similarity matrix) and an
+FT-Transformer for tabular data (a dict batch of numeric and categorical columns, one token per column, a CLS token,
+pre-norm encoder layers). Not to be tuned against: a change of the estimator made for these cases calls for another
+set.
 """
 
 import torch

@@ -1,13 +1,11 @@
-"""Workloads written in session 46, before any estimate of them was looked at, against DESIGN.md's public
-Workload contract only (`bench/estimate_accuracy.py --set fresh3`): fresh2.py's were estimated in sessions
-37-45. A DenseNet (every layer concatenates all earlier feature maps, the memory-hungry way a plain
-implementation does), a Swin-style transformer (shifted-window attention: torch.roll, windows cut out by
-view/permute copies, a relative position bias gathered through an index buffer, patch merging by strided
-slices), a NeRF-style MLP (rays x samples points, sin/cos positional encoding, a skip connection, volume
-rendering with exp and an exclusive cumprod) and a CTC speech model (1-D convolutions under weight_norm's
-parametrization, a pre-norm torch TransformerEncoder, log-softmax, F.ctc_loss over targets of varying
-length). Not to be tuned against: a later session that changes the estimator for these should write
-another set.
+"""Workloads written before any estimate of them was looked at, against the public Workload contract only
+(docs/design.md; `bench/estimate_accuracy.py --set fresh3`): a DenseNet (every layer concatenates all earlier
+feature maps, the memory-hungry way a plain implementation does), a Swin-style transformer (shifted-window
+attention: torch.roll, windows cut out by view/permute copies, a relative position bias gathered through an index
+buffer, patch merging by strided slices), a NeRF-style MLP (rays x samples points, sin/cos positional encoding, a
+skip connection, volume rendering with exp and an exclusive cumprod) and a CTC speech model (1-D convolutions under
+weight_norm's parametrization, a pre-norm torch TransformerEncoder, log-softmax, F.ctc_loss over targets of varying
+length). Not to be tuned against: a change of the estimator made for these cases calls for another set.
 """
 
 import math

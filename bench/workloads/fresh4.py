@@ -1,13 +1,12 @@
-"""Workloads written in session 48, before any estimate of them was looked at, against DESIGN.md's public
-Workload contract only (`bench/estimate_accuracy.py --set fresh4`): fresh3.py's were estimated in sessions
-46-47. A Perceiver-style model (a learned latent array cross-attending to a long input through
-F.scaled_dot_product_attention, then self-attention on the latents, GEGLU feed-forwards), a WaveNet-style
-autoregressive audio model (dilated causal 1-D convolutions, gated tanh x sigmoid units, residual and skip
-sums, a 256-way softmax at every time step), a spatial-transformer classifier (a localisation net predicts an
-affine warp, applied with F.affine_grid and F.grid_sample, then a CNN with BatchNorm and dropout) and a
-bidirectional LSTM tagger over packed sequences of varying length (pack_padded_sequence with unsorted
-lengths, pad_packed_sequence, a cross-entropy that ignores the padding). Not to be tuned against: a later
-session that changes the estimator for these should write another set.
+"""Workloads written before any estimate of them was looked at, against the public Workload contract only
+(docs/design.md; `bench/estimate_accuracy.py --set fresh4`): a Perceiver-style model (a learned latent array
+cross-attending to a long input through F.scaled_dot_product_attention, then self-attention on the latents, GEGLU
+feed-forwards), a WaveNet-style autoregressive audio model (dilated causal 1-D convolutions, gated tanh x sigmoid
+units, residual and skip sums, a 256-way softmax at every time step), a spatial-transformer classifier (a
+localisation net predicts an affine warp, applied with F.affine_grid and F.grid_sample, then a CNN with BatchNorm
+and dropout) and a bidirectional LSTM tagger over packed sequences of varying length (pack_padded_sequence with
+unsorted lengths, pad_packed_sequence, a cross-entropy that ignores the padding). Not to be tuned against: a change
+of the estimator made for these cases calls for another set.
 """
 
 import math

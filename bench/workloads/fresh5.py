@@ -1,13 +1,11 @@
-"""Workloads written in session 49, before any estimate of them was looked at, against DESIGN.md's public
-Workload contract only (`bench/estimate_accuracy.py --set fresh5`): fresh4.py's were estimated in sessions
-48-49, and session 49 changed how the estimator extrapolates models whose graphs depend on the data. Two of
-these have such graphs: a vision transformer that prunes its tokens part-way (how many it keeps follows the
-attention scores: `int()` of a tensor, topk and gather) and a one-stage detector whose box loss runs only on
-the anchors that match an object (boolean-mask indexing). Two do not: a Conformer speech encoder (a
-convolution module with GLU, depthwise conv and BatchNorm between half-step feed-forwards and
-nn.MultiheadAttention) and a message-passing graph network over batches of graphs of varying size
-(index_add_ over edges, scatter_reduce pooling per graph). Not to be tuned against: a later session that
-changes the estimator for these should write another set.
+"""Workloads written before any estimate of them was looked at, against the public Workload contract only
+(docs/design.md; `bench/estimate_accuracy.py --set fresh5`): two with graphs that depend on the data, a vision
+transformer that prunes its tokens part-way (how many it keeps follows the attention scores: `int()` of a tensor,
+topk and gather) and a one-stage detector whose box loss runs only on the anchors that match an object (boolean-mask
+indexing); two without, a Conformer speech encoder (a convolution module with GLU, depthwise conv and BatchNorm
+between half-step feed-forwards and nn.MultiheadAttention) and a message-passing graph network over batches of
+graphs of varying size (index_add_ over edges, scatter_reduce pooling per graph). Not to be tuned against: a change
+of the estimator made for these cases calls for another set.
 """
 
 import math

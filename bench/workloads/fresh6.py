@@ -1,13 +1,11 @@
-"""Workloads written in session 50, before any estimate of them was looked at, against DESIGN.md's public
-Workload contract only (`bench/estimate_accuracy.py --set fresh6`): session 49 changed how the estimator
-builds batches that read their own values (19d8e37) and how it checks fake traces against real ones
-(803907b), and found both on fresh5.py, so these judge them. Two have such batches or graphs: a DCN-v2
-recommender over multi-hot features of random length (EmbeddingBag with offsets: make_batch sums random
-lengths to size its index tensor) and a universal transformer with adaptive computation time (one shared
-block applied until every token halts: the step count is read from the data). Two do not: a selective
-state-space model (Mamba-style selective scan, a Python loop over time, in pure PyTorch) and a VQ-VAE
-(codebook distances, argmin, a straight-through estimator, transposed convolutions). Not to be tuned
-against: a later session that changes the estimator for these should write another set.
+"""Workloads written before any estimate of them was looked at, against the public Workload contract only
+(docs/design.md; `bench/estimate_accuracy.py --set fresh6`): two with batches that read their own values or graphs
+that depend on the data, a DCN-v2 recommender over multi-hot features of random length (EmbeddingBag with offsets:
+make_batch sums random lengths to size its index tensor) and a universal transformer with adaptive computation time
+(one shared block applied until every token halts: the step count is read from the data); two without, a selective
+state-space model (Mamba-style selective scan, a Python loop over time, in pure PyTorch) and a VQ-VAE (codebook
+distances, argmin, a straight-through estimator, transposed convolutions). Not to be tuned against: a change of the
+estimator made for these cases calls for another set.
 """
 
 import math

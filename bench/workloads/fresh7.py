@@ -1,13 +1,11 @@
-"""Workloads written in session 51, before any estimate of them was looked at, against DESIGN.md's public
-Workload contract only (`bench/estimate_accuracy.py --set fresh7`): an eighth held-out set, of kinds none of
-the earlier sets has. A WGAN-GP step (a generator and a critic, the critic's gradient penalty taken with
-torch.autograd.grad(create_graph=True), so the backward runs through a graph built by a backward); a Fourier
-neural operator (complex-valued parameters, rfft2/irfft2, an einsum over the kept modes); MoCo v2 (a
-momentum key encoder, a deep copy of the query encoder updated in place in forward and never by the
-optimizer, and a queue of 16384 negative keys kept as a buffer and written in place each step); a capsule
-network (dynamic routing by agreement, three iterations over a large prediction tensor, a masked
-reconstruction decoder). Not to be tuned against: a later session that changes the estimator for these
-should write another set.
+"""Workloads written before any estimate of them was looked at, against the public Workload contract only
+(docs/design.md; `bench/estimate_accuracy.py --set fresh7`): a WGAN-GP step (a generator and a critic, the critic's
+gradient penalty taken with torch.autograd.grad(create_graph=True), so the backward runs through a graph built by a
+backward); a Fourier neural operator (complex-valued parameters, rfft2/irfft2, an einsum over the kept modes); MoCo
+v2 (a momentum key encoder, a deep copy of the query encoder updated in place in forward and never by the optimizer,
+and a queue of 16384 negative keys kept as a buffer and written in place each step); a capsule network (dynamic
+routing by agreement, three iterations over a large prediction tensor, a masked reconstruction decoder). Not to be
+tuned against: a change of the estimator made for these cases calls for another set.
 """
 
 import copy

@@ -1,12 +1,11 @@
-"""Workloads written in session 52, before any estimate of them was looked at, against DESIGN.md's public
-Workload contract only (`bench/estimate_accuracy.py --set fresh8`): a ninth held-out set, of kinds none of
-the earlier sets has. A triplet network (one encoder run three times a step, on anchors, positives and
-negatives, and a triplet margin loss); a super-resolution net (EDSR-style residual blocks at low resolution,
-then PixelShuffle up 4x, an L1 loss at full resolution); a RealNVP normalizing flow (affine coupling layers
-under checkerboard and channel masks, squeezes, a log-determinant summed through the flow, a negative
-log-likelihood); a hypernetwork (a small net that generates each sample's own weights for the main net, applied
-with bmm, so the weights the main net uses are activations of the batch's size). Not to be tuned against: a
-later session that changes the estimator for these should write another set.
+"""Workloads written before any estimate of them was looked at, against the public Workload contract only
+(docs/design.md; `bench/estimate_accuracy.py --set fresh8`): a triplet network (one encoder run three times a step,
+on anchors, positives and negatives, and a triplet margin loss); a super-resolution net (EDSR-style residual blocks
+at low resolution, then PixelShuffle up 4x, an L1 loss at full resolution); a RealNVP normalizing flow (affine
+coupling layers under checkerboard and channel masks, squeezes, a log-determinant summed through the flow, a
+negative log-likelihood); a hypernetwork (a small net that generates each sample's own weights for the main net,
+applied with bmm, so the weights the main net uses are activations of the batch's size). Not to be tuned against: a
+change of the estimator made for these cases calls for another set.
 """
 
 import math
@@ -73,7 +72,8 @@ class _SuperRes(nn.Module):
     def __init__(self, width, blocks, factor):
         super().__init__()
         self.head = nn.Conv2d(3, width, 3, padding=1)
-        self.body = nn.Sequential(*[_ResBlock(width, 0.1) for _ in range(blocks)], nn.Conv2d(width, width, 3, padding=1))
+        self.body = nn.Sequential(*[_ResBlock(width, 0.1) for _ in range(blocks)],
+                                  nn.Conv2d(width, width, 3, padding=1))
         ups = []
         for _ in range(int(math.log2(factor))):
             ups += [nn.Conv2d(width, width * 4, 3, padding=1), nn.PixelShuffle(2)]

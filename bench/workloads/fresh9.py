@@ -1,13 +1,12 @@
-"""Workloads written in session 56, before any estimate of them was looked at, against DESIGN.md's public
-Workload contract only (`bench/estimate_accuracy.py --set fresh9`): a tenth held-out set, of kinds none of the
-earlier sets has. A neural ODE (one convolutional dynamics block integrated by a fixed-step Runge-Kutta 4 solver,
-so one block's weights serve sixteen evaluations whose activations all stay for the backward); a sliding-window
-attention language model (keys and values padded and cut into windows with Tensor.unfold, strided views that the
-einsums copy); a squeeze-and-excitation ResNet with stochastic depth (per-sample Bernoulli masks on the residual
-branches) trained on mixup batches (a random permutation and a Beta-drawn mix, a soft-target cross-entropy);
-knowledge distillation (a frozen teacher, without gradients, run under torch.no_grad inside the step beside the
-student it teaches, a temperature-scaled KL divergence). Not to be tuned against: a later session that changes
-the estimator for these should write another set.
+"""Workloads written before any estimate of them was looked at, against the public Workload contract only
+(docs/design.md; `bench/estimate_accuracy.py --set fresh9`): a neural ODE (one convolutional dynamics block
+integrated by a fixed-step Runge-Kutta 4 solver, so one block's weights serve sixteen evaluations whose activations
+all stay for the backward); a sliding-window attention language model (keys and values padded and cut into windows
+with Tensor.unfold, strided views that the einsums copy); a squeeze-and-excitation ResNet with stochastic depth
+(per-sample Bernoulli masks on the residual branches) trained on mixup batches (a random permutation and a
+Beta-drawn mix, a soft-target cross-entropy); knowledge distillation (a frozen teacher, without gradients, run under
+torch.no_grad inside the step beside the student it teaches, a temperature-scaled KL divergence). Not to be tuned
+against: a change of the estimator made for these cases calls for another set.
 """
 
 import torch
@@ -173,7 +172,8 @@ class _SEResNet(nn.Module):
         plan = [(width, width, 1), (width, width, 1), (width, 2 * width, 2), (2 * width, 2 * width, 1),
                 (2 * width, 4 * width, 2), (4 * width, 4 * width, 1), (4 * width, 8 * width, 2),
                 (8 * width, 8 * width, 1)]
-        self.blocks = nn.Sequential(*(_SEBlock(i, o, s, drop * (k + 1) / len(plan)) for k, (i, o, s) in enumerate(plan)))
+        self.blocks = nn.Sequential(*(_SEBlock(i, o, s, drop * (k + 1) / len(plan))
+                                      for k, (i, o, s) in enumerate(plan)))
         self.head = nn.Linear(8 * width, classes)
 
     def forward(self, x):

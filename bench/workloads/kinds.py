@@ -1,49 +1,55 @@
-"""Workloads written in session 27 (2026-11-26), against DESIGN.md's Workload contract only, of kinds no
-other set has (`bench/estimate_accuracy.py --set kinds`): graph message passing through index_add_ with
-a dict batch, an STFT front end (complex tensors) before a CNN, 3-D convolutions, a custom
-autograd.Function with torch.utils.checkpoint inside the model, multi-hot EmbeddingBag tables with
-offsets, a diffusion block (GroupNorm, SiLU, einsum attention, a timestep embedding), a mixture of
-experts whose routing depends on the data (nonzero: no fake trace), and weight tying with one module
-reused three times.
+"""Workloads of kinds no other set has, written against the public Workload contract only (docs/design.md;
+`bench/estimate_accuracy.py --set kinds`): graph message passing through index_add_ with a dict batch, an STFT front
+end (complex tensors) before a CNN, 3-D convolutions, a custom autograd.Function with torch.utils.checkpoint inside
+the model, multi-hot EmbeddingBag tables with offsets, a diffusion block (GroupNorm, SiLU, einsum attention, a
+timestep embedding), a mixture of experts whose routing depends on the data (nonzero: no fake trace), and weight
+tying with one module reused three times.
 
-One batch of each in fp32 adamw and bf16 sgd-momentum was measured with a one-off driver before any
-estimate was looked at (bench/notes/kinds.md). diffblock's allocated peak led to a change of the
-estimator (a strided input's contiguous copy inside softmax's backward kernel), so diffblock is no
-longer unseen; moe's expert outputs are cast to the accumulator's dtype after that run found its
-bf16 autocast step failing (a bug of the workload: index_add_ takes one dtype).
+One batch of each in fp32 adamw and bf16 sgd-momentum was measured before any estimate was looked at. diffblock's
+allocated peak led to a change of the estimator (a strided input's contiguous copy inside softmax's backward kernel),
+so diffblock is not held out; moe casts its expert outputs to the accumulator's dtype, as its bf16 autocast
+step needs (index_add_ takes one dtype).
 """
 import torch
-from torch import nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
+from torch import nn
+
 from advisor import Workload
 
 
 def _g(seed=0):
-    g = torch.Generator(); g.manual_seed(seed); return g
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
 
 
 # 1. GNN: mean aggregation through index_add_, dict batch
-def gnn(batch_size: int = 8, nodes: int = 2000, edges: int = 16000, feat: int = 128, hidden: int = 256, layers: int = 4):
+def gnn(batch_size: int = 8, nodes: int = 2000, edges: int = 16000, feat: int = 128, hidden: int = 256,
+        layers: int = 4):
     class Layer(nn.Module):
         def __init__(self, d):
-            super().__init__(); self.lin = nn.Linear(2 * d, d); self.norm = nn.LayerNorm(d)
+            super().__init__()
+            self.lin = nn.Linear(2 * d, d)
+            self.norm = nn.LayerNorm(d)
         def forward(self, x, src, dst):
             msg = x.index_select(0, src)
             agg = torch.zeros_like(x).index_add_(0, dst, msg)
-            deg = torch.zeros(x.shape[0], 1, dtype=x.dtype, device=x.device).index_add_(0, dst, torch.ones_like(msg[:, :1]))
+            deg = torch.zeros(x.shape[0], 1, dtype=x.dtype, device=x.device)
+            deg = deg.index_add_(0, dst, torch.ones_like(msg[:, :1]))
             agg = agg / deg.clamp(min=1)
             return x + F.gelu(self.norm(self.lin(torch.cat([x, agg], -1))))
 
     class M(nn.Module):
         def __init__(self):
             super().__init__()
-            self.inp = nn.Linear(feat, hidden); self.layers = nn.ModuleList(Layer(hidden) for _ in range(layers))
+            self.inp = nn.Linear(feat, hidden)
+            self.layers = nn.ModuleList(Layer(hidden) for _ in range(layers))
             self.out = nn.Linear(hidden, 10)
         def forward(self, b):
             x = self.inp(b["x"])
-            for l in self.layers:
-                x = l(x, b["src"], b["dst"])
+            for layer in self.layers:
+                x = layer(x, b["src"], b["dst"])
             return self.out(x)
 
     def make_batch(n):  # n graphs merged into one disjoint graph
@@ -76,7 +82,8 @@ def spectro(batch_size: int = 16, samples: int = 32000, n_fft: int = 512, hop: i
             return self.net(mag.unsqueeze(1))
 
     return Workload(name="spectro", build_model=M,
-                    make_batch=lambda n: (torch.randn(n, samples, generator=_g()), torch.randint(0, 35, (n,), generator=_g())),
+                    make_batch=lambda n: (torch.randn(n, samples, generator=_g()),
+                                          torch.randint(0, 35, (n,), generator=_g())),
                     loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), default_batch_size=batch_size)
 
 
@@ -89,7 +96,8 @@ def video(batch_size: int = 4, frames: int = 16, size: int = 64):
             nn.Conv3d(64, 128, 3, 2, 1), nn.BatchNorm3d(128), nn.ReLU(),
             nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(128, 50))
     return Workload(name="video", build_model=build,
-                    make_batch=lambda n: (torch.randn(n, 3, frames, size, size, generator=_g()), torch.randint(0, 50, (n,), generator=_g())),
+                    make_batch=lambda n: (torch.randn(n, 3, frames, size, size, generator=_g()),
+                                          torch.randint(0, 50, (n,), generator=_g())),
                     loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), default_batch_size=batch_size)
 
 
@@ -110,20 +118,26 @@ def ckpt(batch_size: int = 64, d: int = 1024, blocks: int = 8, use_ckpt: int = 1
     # use_ckpt=0: the same blocks without checkpoint, for comparison
     class Block(nn.Module):
         def __init__(self):
-            super().__init__(); self.a = nn.Linear(d, 4 * d); self.b = nn.Linear(4 * d, d); self.n = nn.LayerNorm(d)
+            super().__init__()
+            self.a = nn.Linear(d, 4 * d)
+            self.b = nn.Linear(4 * d, d)
+            self.n = nn.LayerNorm(d)
         def forward(self, x):
             return x + self.b(_Swish.apply(self.a(self.n(x))))
 
     class M(nn.Module):
         def __init__(self):
-            super().__init__(); self.blocks = nn.ModuleList(Block() for _ in range(blocks)); self.head = nn.Linear(d, 10)
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+            self.head = nn.Linear(d, 10)
         def forward(self, x):
             for i, blk in enumerate(self.blocks):
                 x = cp.checkpoint(blk, x, use_reentrant=False) if i % 2 == 0 and use_ckpt else blk(x)
             return self.head(x.mean(1))
 
     return Workload(name="ckpt", build_model=M,
-                    make_batch=lambda n: (torch.randn(n, 32, d, generator=_g()), torch.randint(0, 10, (n,), generator=_g())),
+                    make_batch=lambda n: (torch.randn(n, 32, d, generator=_g()),
+                                          torch.randint(0, 10, (n,), generator=_g())),
                     loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), default_batch_size=batch_size)
 
 
@@ -133,7 +147,8 @@ def bagrec(batch_size: int = 512, rows: int = 200000, dim: int = 64, tables: int
         def __init__(self):
             super().__init__()
             self.bags = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
-            self.mlp = nn.Sequential(nn.Linear(tables * dim + 13, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 1))
+            self.mlp = nn.Sequential(nn.Linear(tables * dim + 13, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                                     nn.Linear(256, 1))
         def forward(self, b):
             embs = [bag(b["idx"][t], b["off"][t]) for t, bag in enumerate(self.bags)]
             return self.mlp(torch.cat(embs + [b["dense"]], 1)).squeeze(1)
@@ -145,7 +160,8 @@ def bagrec(batch_size: int = 512, rows: int = 200000, dim: int = 64, tables: int
                 "dense": torch.randn(n, 13, generator=g), "y": torch.rand(n, generator=g)}
 
     return Workload(name="bagrec", build_model=M, make_batch=make_batch,
-                    loss_fn=lambda m, b: F.binary_cross_entropy_with_logits(m(b), b["y"]), default_batch_size=batch_size)
+                    loss_fn=lambda m, b: F.binary_cross_entropy_with_logits(m(b), b["y"]),
+                    default_batch_size=batch_size)
 
 
 # 6. diffusion block: GroupNorm, SiLU, einsum attention, timestep embedding, noise-prediction loss
@@ -153,15 +169,21 @@ def diffblock(batch_size: int = 8, size: int = 32, ch: int = 128):
     class Res(nn.Module):
         def __init__(self, c):
             super().__init__()
-            self.n1 = nn.GroupNorm(32, c); self.c1 = nn.Conv2d(c, c, 3, 1, 1)
-            self.t = nn.Linear(256, c); self.n2 = nn.GroupNorm(32, c); self.c2 = nn.Conv2d(c, c, 3, 1, 1)
+            self.n1 = nn.GroupNorm(32, c)
+            self.c1 = nn.Conv2d(c, c, 3, 1, 1)
+            self.t = nn.Linear(256, c)
+            self.n2 = nn.GroupNorm(32, c)
+            self.c2 = nn.Conv2d(c, c, 3, 1, 1)
         def forward(self, x, temb):
             h = self.c1(F.silu(self.n1(x))) + self.t(temb)[:, :, None, None]
             return x + self.c2(F.silu(self.n2(h)))
 
     class Attn(nn.Module):
         def __init__(self, c):
-            super().__init__(); self.n = nn.GroupNorm(32, c); self.qkv = nn.Conv2d(c, 3 * c, 1); self.o = nn.Conv2d(c, c, 1)
+            super().__init__()
+            self.n = nn.GroupNorm(32, c)
+            self.qkv = nn.Conv2d(c, 3 * c, 1)
+            self.o = nn.Conv2d(c, c, 1)
         def forward(self, x):
             B, C, H, W = x.shape
             q, k, v = self.qkv(self.n(x)).reshape(B, 3, C, H * W).unbind(1)
@@ -189,7 +211,8 @@ def diffblock(batch_size: int = 8, size: int = 32, ch: int = 128):
         return F.mse_loss(m(x + noise, t), noise)
 
     return Workload(name="diffblock", build_model=M,
-                    make_batch=lambda n: (torch.randn(n, 3, size, size, generator=_g()), torch.randint(0, 1000, (n,), generator=_g()),
+                    make_batch=lambda n: (torch.randn(n, 3, size, size, generator=_g()),
+                                          torch.randint(0, 1000, (n,), generator=_g()),
                                           torch.randn(n, 3, size, size, generator=_g(1))),
                     loss_fn=loss, default_batch_size=batch_size)
 
@@ -199,8 +222,10 @@ def moe(batch_size: int = 32, seq: int = 64, d: int = 256, experts: int = 8):
     class M(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb = nn.Embedding(5000, d); self.gate = nn.Linear(d, experts)
-            self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(experts))
+            self.emb = nn.Embedding(5000, d)
+            self.gate = nn.Linear(d, experts)
+            self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+                                         for _ in range(experts))
             self.head = nn.Linear(d, 5000)
         def forward(self, ids):
             x = self.emb(ids).reshape(-1, d)
@@ -213,7 +238,8 @@ def moe(batch_size: int = 32, seq: int = 64, d: int = 256, experts: int = 8):
 
     return Workload(name="moe", build_model=M,
                     make_batch=lambda n: torch.randint(0, 5000, (n, seq), generator=_g()),
-                    loss_fn=lambda m, ids: F.cross_entropy(m(ids), ids.roll(-1, 1).reshape(-1)), default_batch_size=batch_size)
+                    loss_fn=lambda m, ids: F.cross_entropy(m(ids), ids.roll(-1, 1).reshape(-1)),
+                    default_batch_size=batch_size)
 
 
 # 8. weight tying and one module reused three times (shared parameters)

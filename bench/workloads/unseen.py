@@ -1,4 +1,4 @@
-"""Workloads written outside the presets, against DESIGN.md's public Workload contract only, so the
+"""Workloads written outside the presets, against the public Workload contract only (docs/design.md), so the
 estimator's accuracy is also checked on models it was not developed on (`bench/estimate_accuracy.py
 --set unseen`): a frozen convolutional backbone under a trainable head (parameters without
 gradients), a GRU language model, a pre-norm transformer encoder (nn.TransformerEncoder, dropout,
@@ -6,13 +6,16 @@ dict batches), and a 1-D convolutional audio classifier (BatchNorm1d, GELU, drop
 """
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
+
 from advisor import Workload
 
 
 def _gen(seed=0):
-    g = torch.Generator(); g.manual_seed(seed); return g
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
 
 
 def frozen(batch_size: int = 32, image_size: int = 96):
@@ -24,9 +27,11 @@ def frozen(batch_size: int = 32, image_size: int = 96):
         backbone = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         for p in backbone.parameters():
             p.requires_grad_(False)
-        return nn.Sequential(backbone, nn.Linear(512, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 100))
+        return nn.Sequential(backbone, nn.Linear(512, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
+                             nn.Linear(4096, 100))
     return Workload(name="frozen", build_model=build,
-                    make_batch=lambda n: (torch.randn(n, 3, image_size, image_size, generator=_gen()), torch.randint(0, 100, (n,), generator=_gen())),
+                    make_batch=lambda n: (torch.randn(n, 3, image_size, image_size, generator=_gen()),
+                                          torch.randint(0, 100, (n,), generator=_gen())),
                     loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), default_batch_size=batch_size)
 
 
@@ -56,7 +61,8 @@ def encoder(batch_size: int = 8, seq_len: int = 256, d: int = 512, layers: int =
         def forward(self, x):
             return self.head(self.enc(self.inp(x)))
     return Workload(name="encoder", build_model=M,
-                    make_batch=lambda n: {"feats": torch.randn(n, seq_len, 80, generator=_gen()), "labels": torch.randint(0, 500, (n, seq_len), generator=_gen())},
+                    make_batch=lambda n: {"feats": torch.randn(n, seq_len, 80, generator=_gen()),
+                                          "labels": torch.randint(0, 500, (n, seq_len), generator=_gen())},
                     loss_fn=lambda m, b: F.cross_entropy(m(b["feats"]).flatten(0, 1), b["labels"].flatten()),
                     default_batch_size=batch_size)
 
@@ -69,5 +75,6 @@ def audio(batch_size: int = 16, samples: int = 16000):
             c = out
         return nn.Sequential(*layers, nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(512, 35))
     return Workload(name="audio", build_model=build,
-                    make_batch=lambda n: (torch.randn(n, 1, samples, generator=_gen()), torch.randint(0, 35, (n,), generator=_gen())),
+                    make_batch=lambda n: (torch.randn(n, 1, samples, generator=_gen()),
+                                          torch.randint(0, 35, (n,), generator=_gen())),
                     loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), default_batch_size=batch_size)
