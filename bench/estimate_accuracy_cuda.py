@@ -333,7 +333,8 @@ def write_markdown(path: Path, res: dict[str, Any]) -> None:
         f"{meta['source']['git_head']} (sha256 {meta['source']['sha256']}).", "",
         *_kept_note(res["cases"]),
         "Measured: one fresh process per case, `reset_peak_memory_stats()` before the build, peaks over 3 optimizer "
-        "steps (docs/design.md). Ours: `estimate_memory(workload, 'local', batch, precision, optimizer)`, no real run. "
+        "steps (docs/design.md). Ours: `estimate_memory` for hardware 'local' at the case's batch, precision and "
+        "optimizer, no real run. "
         "Relative error = (estimate − measured) / measured.", "",
         _md_table(["comparison", "n", "median |err|", "max |err|", "median (signed)", "goal", "met"], srows), "",
         _md_table(COLUMNS, [case_row(c) for c in res["cases"]]), "",
