@@ -13,9 +13,10 @@ from typing import Sequence
 
 from advisor import cli_recommend
 from advisor.config import OptimizerKind, Precision, Strategy, choices
-from advisor.errors import AdvisorError, ProbeError, SpecError
+from advisor.errors import AdvisorError, ProbeError, SpecError, TrialError, WorkloadFailed
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1  # the workload failed: crashed, hung, outgrew its memory cap, exited or raised
 
 
 class _Parser(argparse.ArgumentParser):
@@ -138,7 +139,8 @@ def _positive_float(value: str) -> float:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
-    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
+    from advisor import isolation
+    from advisor.estimate import EstimateOptions, EstimateRequest
     from advisor.render import estimate_table
     from advisor.workload import parse_workload_args
 
@@ -160,7 +162,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     # processes and runs near the largest batch, up to minutes for a slow step); JSON stays clean.
     title = f"estimating {args.workload} on {args.hardware}"
     with Console(stderr=True).status(title) as spinner, listening(lambda stage: spinner.update(f"{title}: {stage}")):
-        est = estimate_memory(args.workload, args.hardware, request, options, workload_args=wargs)
+        est = isolation.estimate(args.workload, args.hardware, request, options, workload_args=wargs)
     if args.json:
         print(est.model_dump_json(indent=2))
     else:
@@ -263,15 +265,18 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 def _run_bench(args: argparse.Namespace):
     from rich.console import Console
 
+    from advisor.isolation import run_isolated
     from advisor.workload import parse_workload_args
     from probes.bench import DEFAULT_SECONDS, DEFAULT_WORKLOAD, run_bench
 
     workload = args.bench_workload or DEFAULT_WORKLOAD
     seconds = args.bench_seconds or DEFAULT_SECONDS
     # A spinner on stderr while measuring; stdout (JSON or tables) stays clean.
+    # in an isolated worker: the bench workload's dataset is user code where it is a file or module
     with Console(stderr=True).status(f"measuring this machine (~{seconds:g} s): matmuls, copies, "
                                      f"DataLoader workers on {workload}"):
-        return run_bench(workload, workload_args=parse_workload_args(args.workload_arg), seconds=seconds)
+        return run_isolated(run_bench, workload, workload_args=parse_workload_args(args.workload_arg),
+                            seconds=seconds, spec=workload, what="the machine bench", stage=f"loading {workload}")
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -319,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_level or get_settings().log_level)
     try:
         return COMMANDS[args.command](args)
+    except (WorkloadFailed, TrialError) as exc:  # the workload's code failed (in its isolated worker): not usage
+        print(f"advisor {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except AdvisorError as exc:
         print(f"advisor {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -41,13 +41,16 @@ def parse_prices(pairs: list[str]) -> dict[str, float]:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
+    from advisor.isolation import run_isolated
     from advisor.recommend import recommend
     from advisor.render_results import recommend_table
     from advisor.workload import parse_workload_args
 
     prices = parse_prices(args.price)
-    recs = recommend(args.workload, args.hardware, workload_args=parse_workload_args(args.workload_arg), db=args.db,
-                     prices=prices or None)
+    # the workload is loaded and estimated in an isolated worker, which opens the store itself
+    recs = run_isolated(recommend, args.workload, args.hardware, workload_args=parse_workload_args(args.workload_arg),
+                        db=args.db, prices=prices or None, spec=args.workload, what="the recommendation",
+                        stage=f"loading {args.workload}")
     if args.json:
         print(json.dumps([r.model_dump(mode="json") for r in recs], indent=2))
     else:

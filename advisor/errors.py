@@ -15,6 +15,23 @@ class WorkloadError(SpecError):
     """A workload file or module could not be imported, or its build() raised."""
 
 
+class WorkloadFailed(AdvisorError):
+    """User code run in an isolated process (advisor/isolation) failed there: it crashed on a signal, ran past
+    its time limit or memory cap, exited, or raised. `status` is the trial status it is recorded as
+    ('crashed', 'timeout', 'oom' or 'error'); `detail` the traceback's or the process log's tail."""
+
+    def __init__(self, message: str, *, status: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.status, self.detail = status, detail
+
+    def __reduce__(self):  # noqa: ANN204 - keyword-only fields survive pickling across processes
+        return (_workload_failed, (str(self), self.status, self.detail))
+
+
+def _workload_failed(message: str, status: str, detail: str) -> WorkloadFailed:
+    return WorkloadFailed(message, status=status, detail=detail)
+
+
 class EstimateError(AdvisorError):
     """The estimator cannot estimate this case; the message says exactly why."""
 

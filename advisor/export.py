@@ -64,11 +64,11 @@ def export(config: TrainingConfig, workload_spec: str, workload_args: dict[str, 
     if fmt == "torchrun":
         return torchrun_command(config, script, numa_node=numa_node)
     if fmt == "python":
+        from advisor import isolation
         from advisor.export_python import python_script
-        from advisor.workload import load_workload
 
-        workload = load_workload(workload_spec, args)
-        return python_script(config, workload_spec, args, has_dataset=workload.dataset is not None)
+        info = isolation.describe(workload_spec, args)
+        return python_script(config, workload_spec, args, has_dataset=info.has_dataset)
     raise SpecError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
 
 

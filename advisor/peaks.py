@@ -22,7 +22,7 @@ from advisor.errors import SpecError, StoreError
 from advisor.estimate.model import EstimateRequest
 from advisor.fingerprint import config_key, workload_fingerprint
 from advisor.hardware.spec import HardwareSpec
-from advisor.workload import Workload
+from advisor.workload import Workload, WorkloadInfo
 
 Quantity = Literal["cpu_rss", "cuda_allocated", "cuda_reserved"]
 
@@ -168,11 +168,12 @@ def default_peaks() -> MeasuredPeaks:
     return JsonlPeaks(get_settings().data_dir / "calibration")
 
 
-def record_measured_peak(workload: Workload, hardware: HardwareSpec, request: EstimateRequest, compile_mode: str,
-                         peak_bytes: int, quantity: str, predicted_bytes: int | None,
+def record_measured_peak(workload: Workload | WorkloadInfo, hardware: HardwareSpec, request: EstimateRequest,
+                         compile_mode: str, peak_bytes: int, quantity: str, predicted_bytes: int | None,
                          store: MeasuredPeaks | None = None) -> PeakPoint:
     """Keep one measured peak of a trial (called by the trial runner after a measured trial)."""
-    return record_points(workload_fingerprint(workload), hardware, request, compile_mode, quantity,
+    fingerprint = workload.fingerprint if isinstance(workload, WorkloadInfo) else workload_fingerprint(workload)
+    return record_points(fingerprint, hardware, request, compile_mode, quantity,
                          [(request.batch_size, peak_bytes, predicted_bytes, None)], store)[0]
 
 

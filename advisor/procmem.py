@@ -52,6 +52,46 @@ def current_rss() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def rss_of(pid: int) -> int:
+    """Resident set of process `pid` now (bytes; 0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The pids of the processes in process group `pgid` (from /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ...
+            pids.append(int(entry))
+    return pids
+
+
+def group_pss(pgid: int) -> int:
+    """Proportional set size of every process in the group (bytes): shared pages counted once."""
+    total = 0
+    for pid in group_pids(pgid):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            continue
+    return total
+
+
 def mark_peak() -> bool:
     """Reset the peak to the resident set now; False where the kernel offers no reset."""
     try:

@@ -65,17 +65,6 @@ class _Target:
     epoch: int | None  # dataset length (samples), None without a dataset
 
 
-def dataset_length(workload: "Workload") -> int | None:
-    """len() of the workload's dataset (samples); None when it has none or it has no length."""
-    if workload.dataset is None:
-        return None
-    try:
-        n = len(workload.dataset())
-    except TypeError:  # an IterableDataset has no length
-        return None
-    return n if n > 0 else None
-
-
 def recommend(workload: str, hardware: str | list[str], *, workload_args: dict[str, Any] | None = None,
               db: "str | ResultStore | None" = None, prices: dict[str, float] | None = None) -> list[Recommendation]:
     """One Recommendation per hardware candidate, best first: by cost per epoch where prices are
@@ -85,7 +74,7 @@ def recommend(workload: str, hardware: str | list[str], *, workload_args: dict[s
     from advisor.fingerprint import workload_fingerprint
     from advisor.hardware import get_hardware
     from advisor.store import open_store
-    from advisor.workload import load_workload
+    from advisor.workload import dataset_length, load_workload
 
     names = _names(hardware)
     prices = _check_prices(prices or {}, names)

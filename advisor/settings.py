@@ -6,7 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     trace_param_limit: int = Field(
         default=3_000_000_000, gt=0,
         description="Models with more parameters than this use the analytic path (parameters).")
+    # -- isolation: a workload's code runs in worker processes, never in the advisor's (advisor/isolation) -
+    estimate_timeout_s: float = Field(default=600.0, gt=0, description="Time limit of one isolated call that runs a "
+                                      "workload's code: loading it, an estimate, a recommendation (s).")
+    estimate_memory_cap: int | None = Field(default=None, gt=0, description="Resident set an isolated call's worker "
+                                            "may reach before it is killed, e.g. 4GiB (bytes; default: half of this "
+                                            "machine's memory).")
     # -- the service (`advisor serve`) ------------------------------------------------------------
     api_host: str = Field(default="127.0.0.1", description="Address `advisor serve` binds (loopback unless set).")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Port `advisor serve` listens on.")
@@ -50,8 +56,29 @@ class Settings(BaseSettings):
                            "`advisor worker` beside it).")
     ray_address: str | None = Field(default=None, description="Ray cluster the service's tune jobs join (default: a "
                                     "local Ray per job).")
+    api_estimate_timeout_s: float = Field(default=60.0, gt=0, description="The API's time limit for an estimate or "
+                                          "a recommendation's isolated call (s).")
+    api_workers: int = Field(default=2, gt=0, description="Isolated workers per HTTP worker process: the estimates "
+                             "and recommendations it computes at once.")
+    api_queue: int = Field(default=8, ge=0, description="Requests that may wait for a busy worker; past them the API "
+                           "answers 503 with Retry-After.")
     recommend_cache_s: float = Field(default=2.0, ge=0, description="How long the API serves a recommendation "
                                      "before checking the store for newer results (s).")
+
+    @field_validator("estimate_memory_cap", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip().isdigit():
+            from advisor.render import parse_bytes
+
+            return parse_bytes(value)
+        return value
+
+    def memory_cap_bytes(self) -> int:
+        """estimate_memory_cap, or half of this machine's memory."""
+        if self.estimate_memory_cap is not None:
+            return self.estimate_memory_cap
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
     def workload_module_prefixes(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.workload_modules.split(",") if p.strip())

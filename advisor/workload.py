@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -79,6 +82,113 @@ class Workload(BaseModel):
         return model
 
 
+class WorkloadInfo(BaseModel):
+    """What the advisor's own process needs of a workload, made where the workload's code runs (an isolated
+    worker, advisor/isolation): its name, fingerprint and the attributes knobs and throughput depend on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    fingerprint: str = Field(description="advisor.fingerprint.workload_fingerprint of the workload.")
+    tokens_per_sample: int | None = None
+    default_batch_size: int = 8
+    decoder: DecoderArch | None = None
+    embedding_heavy: bool = False
+    conv_net: bool = False
+    has_dataset: bool = False
+    dataset_samples: int | None = Field(default=None, description="len() of its dataset; None without one or a length.")
+
+    @classmethod
+    def of(cls, workload: Workload) -> "WorkloadInfo":
+        """Fingerprint `workload` (builds it on the meta device) and read its dataset's length."""
+        from advisor.fingerprint import workload_fingerprint
+
+        return cls(name=workload.name, fingerprint=workload_fingerprint(workload),
+                   tokens_per_sample=workload.tokens_per_sample, default_batch_size=workload.default_batch_size,
+                   decoder=workload.decoder, embedding_heavy=workload.embedding_heavy, conv_net=workload.conv_net,
+                   has_dataset=workload.dataset is not None, dataset_samples=dataset_length(workload))
+
+
+def dataset_length(workload: Workload) -> int | None:
+    """len() of the workload's dataset (samples); None when it has none or it has no length."""
+    if workload.dataset is None:
+        return None
+    try:
+        n = len(workload.dataset())
+    except TypeError:  # an IterableDataset has no length
+        return None
+    return n if n > 0 else None
+
+
+def describe_workload(spec: str, args: dict[str, Any] | None = None) -> WorkloadInfo:
+    """Load `spec` and describe it (WorkloadInfo.of); run in an isolated worker, where its code may fail."""
+    return WorkloadInfo.of(load_workload(spec, args))
+
+
+# Which part of a user's workload runs now, for whoever watches (the isolated worker tells its parent,
+# so a crash is named "the workload's loss crashed (SIGABRT)"); nothing is done where no one watches.
+_watcher: ContextVar[Callable[[str | None], None] | None] = ContextVar("advisor_workload_part", default=None)
+_parts: ContextVar[tuple[str, ...]] = ContextVar("advisor_workload_parts", default=())
+PARTS = {"import": "the workload's import", "build": "the workload's build()", "model": "the workload's model",
+         "make_batch": "the workload's make_batch", "loss": "the workload's loss", "dataset": "the workload's dataset",
+         "collate": "the workload's collate_fn"}
+FAILED_IN = "advisor_workload_part"  # the attribute an exception leaving a part carries: that part's name
+
+
+@contextmanager
+def watching_parts(callback: Callable[[str | None], None]) -> Iterator[None]:
+    """Inside the block, `callback(part)` is told each time the innermost running part of a workload loaded
+    here changes (a key of PARTS, or None when none runs)."""
+    token = _watcher.set(callback)
+    try:
+        yield
+    finally:
+        _watcher.reset(token)
+
+
+@contextmanager
+def _part(name: str) -> Iterator[None]:
+    watcher = _watcher.get()
+    if watcher is None:
+        yield
+        return
+    outer = _parts.get()
+    token = _parts.set(outer + (name,))
+    watcher(name)
+    try:
+        yield
+    except BaseException as exc:
+        if not hasattr(exc, FAILED_IN):  # the innermost part it left, for the failure's message
+            setattr(exc, FAILED_IN, name)
+        raise
+    finally:
+        _parts.reset(token)
+        watcher(outer[-1] if outer else None)
+
+
+def _watched(part: str, fn: Callable | None) -> Callable | None:
+    if fn is None:
+        return None
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _part(part):
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def _with_parts(workload: Workload) -> Workload:
+    """`workload` whose callables tell the watcher when they run (only where one watches)."""
+    if _watcher.get() is None:
+        return workload
+    return workload.model_copy(update={
+        "build_model": _watched("model", workload.build_model),
+        "make_batch": _watched("make_batch", workload.make_batch),
+        "loss_fn": _watched("loss", workload.loss_fn), "dataset": _watched("dataset", workload.dataset),
+        "collate_fn": _watched("collate", workload.collate_fn)})
+
+
 def parse_workload_args(pairs: list[str] | None, flag: str = "--workload-arg") -> dict[str, Any]:
     """Turn ['k=v', ...] into kwargs; values are parsed as JSON where they parse, else kept as strings."""
     out: dict[str, Any] = {}
@@ -106,12 +216,14 @@ def _import_target(target: str) -> Callable[..., Any]:
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         try:
-            spec.loader.exec_module(module)
+            with _part("import"):
+                spec.loader.exec_module(module)
         except Exception as exc:  # user's code: report it in one line
             raise WorkloadError(f"workload file {module_part} failed to import: {type(exc).__name__}: {exc}") from exc
     else:
         try:
-            module = importlib.import_module(module_part)
+            with _part("import"):
+                module = importlib.import_module(module_part)
         except Exception as exc:
             raise WorkloadError(f"workload module {module_part} failed to import: {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, attr, None)
@@ -126,12 +238,15 @@ def load_workload(spec: str, args: dict[str, Any] | None = None) -> Workload:
     if ":" not in spec:
         from advisor.presets import get_preset
 
-        return get_preset(spec)(**args)
+        preset = get_preset(spec)
+        with _part("build"):
+            return _with_parts(preset(**args))
     build = _import_target(spec)
     try:
-        workload = build(**args)
+        with _part("build"):
+            workload = build(**args)
     except Exception as exc:
         raise WorkloadError(f"{spec}: build() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(workload, Workload):
         raise WorkloadError(f"{spec}: build() returned {type(workload).__name__}, not advisor.Workload")
-    return workload
+    return _with_parts(workload)

@@ -1,9 +1,11 @@
 """The FastAPI app: `create_app()` builds it; `advisor serve` runs it under uvicorn.
 
 Every route answers JSON; every failure is `{"detail": "..."}` with a 4xx for the caller's mistake
-(422 invalid input, 401/403 auth, 404 unknown, 409 conflict, 413 too large) and 503 when the
-store is unreachable. An unexpected error is a 500 whose body names a request id, never a trace
-or a path of this machine; the log has the rest.
+(422 invalid input, or a workload that crashed, hung, outgrew its memory cap or raised in its
+isolated worker; 401/403 auth, 404 unknown, 409 conflict, 413 too large) and 503 when the store is
+unreachable or every isolated worker is busy and the queue is full (with Retry-After). An
+unexpected error is a 500 whose body names a request id, never a trace or a path of this machine;
+the log has the rest.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from advisor.errors import AdvisorError, EstimateError, SpecError, StoreError
+from advisor.errors import AdvisorError, EstimateError, SpecError, StoreError, TrialError, WorkloadFailed
+from advisor.isolation.pool import PoolFull, WorkerPool
 from advisor.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -31,7 +34,8 @@ VERSION = "1"
 
 
 class AppState:
-    """What the routes share: settings, the store (opened on first use), caches, metrics."""
+    """What the routes share: settings, the store (opened on first use), caches, metrics, and the pool of
+    isolated workers that runs every workload's code (settings.api_workers at once, api_queue waiting)."""
 
     def __init__(self, settings: Settings, db_url: str | None) -> None:
         from api.cache import RecommendCache
@@ -43,7 +47,7 @@ class AppState:
         self._lock = threading.Lock()
         self.metrics = Metrics(self.store)
         self.recommend_cache = RecommendCache(settings.recommend_cache_s, lambda: self.store().best_generation())
-        self.heavy = threading.BoundedSemaphore(2)  # estimates and cache misses at once (each builds a model)
+        self.pool = WorkerPool(settings.api_workers, settings.api_queue)
 
     def store(self):  # noqa: ANN201 (SqlResultStore; imported lazily)
         if self._store is None:
@@ -55,6 +59,7 @@ class AppState:
         return self._store
 
     def close(self) -> None:
+        self.pool.close()
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -72,6 +77,7 @@ def create_app(db_url: str | None = None, *, settings: Settings | None = None) -
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.pool.warm()  # the fork server imports torch in the background; the first estimate need not wait
         yield
         state.close()
 
@@ -97,7 +103,7 @@ def _detail(errors: list[dict[str, Any]]) -> str:
     parts = []
     for e in errors[:3]:
         where = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body",)) or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+        parts.append(f"{where}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}")
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
     return "; ".join(parts) + more
 
@@ -116,9 +122,16 @@ def _errors(app: FastAPI) -> None:
         log.warning("store error on %s %s: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": "the result store is unavailable; try again later"}, status_code=503)
 
+    @app.exception_handler(PoolFull)
+    async def pool_full(request: Request, exc: PoolFull) -> JSONResponse:
+        return JSONResponse({"detail": _one_line(str(exc))}, status_code=503,
+                            headers={"Retry-After": str(exc.retry_after_s)})
+
     @app.exception_handler(AdvisorError)
     async def advisor_error(request: Request, exc: AdvisorError) -> JSONResponse:
-        code = 422 if isinstance(exc, (SpecError, EstimateError)) else 400
+        if isinstance(exc, WorkloadFailed):
+            log.info("%s %s: %s (%s)\n%s", request.method, request.url.path, exc, exc.status, exc.detail)
+        code = 422 if isinstance(exc, (SpecError, EstimateError, WorkloadFailed, TrialError)) else 400
         return JSONResponse({"detail": _one_line(str(exc))}, status_code=code)
 
     @app.exception_handler(Exception)

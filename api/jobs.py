@@ -50,16 +50,17 @@ def tune_request(body: dict, *, db: str | None, ray_address: str | None) -> "Tun
                        remeasure=r.remeasure, db=db, ray_address=ray_address, trial_budget=budget)
 
 
-def validate_job(body: "TuneJobRequest") -> None:
+def validate_job(body: "TuneJobRequest", *, pool=None, timeout_s: float | None = None) -> None:  # noqa: ANN001
     """What `advisor tune` would refuse, refused at submission (SpecError -> 422): the workload
-    builds, the hardware and space exist, the fixes are knobs of the space."""
+    builds (in an isolated worker of `pool`, within `timeout_s`), the hardware and space exist, the
+    fixes are knobs of the space."""
     from advisor.tune.driver import _prepare
 
     try:
         req = tune_request(body.model_dump(mode="json"), db=None, ray_address=None)
     except ValueError as exc:
         raise SpecError(str(exc).splitlines()[-1].strip()) from None
-    _prepare(req)
+    _prepare(req, pool=pool, timeout_s=timeout_s)
     needed, slots = devices_needed(body.hardware), len(device_slots())
     if needed > slots:
         raise SpecError(f"hardware {body.hardware!r} needs {needed} devices; this service's worker has {slots}")

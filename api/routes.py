@@ -1,5 +1,6 @@
 """The routes. Each calls the service function the CLI calls: `estimate_memory`, `recommend`, the
-store's queries, the job queue. Work that builds models runs in the thread pool, bounded."""
+store's queries, the job queue. Work that loads a workload runs in an isolated worker of the app's
+pool (advisor.isolation), waited for in the thread pool so the event loop keeps answering."""
 
 from __future__ import annotations
 
@@ -44,9 +45,17 @@ from api.security import check_workload, require_token
 router = APIRouter()
 v1 = APIRouter(prefix="/v1")
 ERRORS: dict[int | str, dict[str, Any]] = {422: {"model": ErrorBody, "description": "Invalid input: what and why."}}
-# Routes that load a workload: a module outside ADVISOR_WORKLOAD_MODULES, or a file path, is a 403.
+# Routes that load a workload: a module outside ADVISOR_WORKLOAD_MODULES, or a file path, is a 403; a
+# workload that fails in its isolated worker is a 422; a full pool of workers a 503 with Retry-After.
 WORKLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
-    **ERRORS, 403: {"model": ErrorBody, "description": "The workload is not a preset or an allowed module."}}
+    403: {"model": ErrorBody, "description": "The workload is not a preset or an allowed module."},
+    422: {"model": ErrorBody, "description": "Invalid input, or the workload failed in its isolated worker: it "
+          "crashed, ran past ADVISOR_API_ESTIMATE_TIMEOUT_S or the memory cap, exited or raised (the detail says "
+          "which part of it, doing what)."},
+    503: {"model": ErrorBody, "description": "Every isolated worker is busy and ADVISOR_API_QUEUE requests wait, "
+          "or the store is unreachable; try again after Retry-After seconds.",
+          "headers": {"Retry-After": {"description": "Seconds to wait before trying again.",
+                                      "schema": {"type": "integer"}}}}}
 PAGE_LIMIT = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"Rows per page (at most {MAX_PAGE}).")]
 PAGE_OFFSET = Annotated[int, Query(ge=0, le=10**9, description="Rows skipped.")]
 
@@ -117,9 +126,11 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 @v1.post("/estimate", tags=["advice"], responses=WORKLOAD_ERRORS)
 def estimate(body: EstimateRequest, request: Request) -> MemoryEstimate:
     """Per-device memory (parameters, gradients, optimizer state, activations, temporaries, overhead),
-    whether it fits, and the largest batch that does, without touching a device. No calibration run
-    is made for a request (the CLI's `advisor estimate` may make one on the local CPU)."""
+    whether it fits, and the largest batch that does, without touching a device. The workload is
+    traced in an isolated worker. No calibration run is made for a request: a CPU calibration kept
+    on this host is used where there is one (the notes say which; `advisor estimate` may make one)."""
     import advisor.estimate as estimator
+    from advisor import isolation
 
     state = _state(request)
     check_workload(body.workload, state.settings)
@@ -127,9 +138,9 @@ def estimate(body: EstimateRequest, request: Request) -> MemoryEstimate:
                                          strategy=body.strategy, checkpointing=body.checkpointing,
                                          fused_backward=body.fused_backward, offload_optimizer=body.offload_optimizer,
                                          offload_params=body.offload_params, optimizer_impl=body.optimizer_impl)
-    options = estimator.EstimateOptions(calibrate=False, margin=body.margin)
-    with state.heavy:
-        return estimator.estimate_memory(body.workload, body.hardware, knobs, options, workload_args=body.workload_args)
+    options = estimator.EstimateOptions(calibrate="kept", margin=body.margin)
+    return isolation.estimate(body.workload, body.hardware, knobs, options, workload_args=body.workload_args,
+                              timeout_s=state.settings.api_estimate_timeout_s, pool=state.pool)
 
 
 @v1.post("/recommend", tags=["advice"], response_model=RecommendResponse, responses=WORKLOAD_ERRORS)
@@ -155,11 +166,14 @@ async def recommend(body: RecommendRequest, request: Request) -> Response:
 
 
 def _recommend_bytes(state: AppState, body: RecommendRequest) -> bytes:
+    """The recommendation, computed in an isolated worker (which opens the store by URL itself)."""
+    from advisor.isolation import run_isolated
     from advisor.recommend import recommend as recommend_fn
 
-    with state.heavy:
-        recs = recommend_fn(body.workload, body.hardware, workload_args=body.workload_args, db=state.store(),
-                            prices=body.prices)
+    recs = run_isolated(recommend_fn, body.workload, body.hardware, workload_args=body.workload_args,
+                        db=state.db_url, prices=body.prices, spec=body.workload, what="the recommendation",
+                        stage=f"loading {body.workload}", timeout_s=state.settings.api_estimate_timeout_s,
+                        pool=state.pool)
     return RecommendResponse(workload=body.workload, recommendations=recs).model_dump_json().encode()
 
 
@@ -283,8 +297,7 @@ def tune(body: TuneJobRequest, request: Request, response: Response) -> JobAccep
 
     state = _state(request)
     check_workload(body.workload, state.settings)
-    with state.heavy:
-        validate_job(body)
+    validate_job(body, pool=state.pool, timeout_s=state.settings.api_estimate_timeout_s)
     needed = devices_needed(body.hardware)
     job = _queue(state).submit(body.model_dump(mode="json"), needed)
     response.headers["Location"] = f"/v1/jobs/{job.id}"

@@ -6,10 +6,12 @@ forbids unknown fields, so a misspelt knob is a 422 naming it rather than a sile
 
 from __future__ import annotations
 
+import math
+import re
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from advisor.config import OptimizerKind, Precision, Strategy
 from advisor.recommend import Recommendation
@@ -18,6 +20,10 @@ from advisor.tune.request import Sampler
 
 T = TypeVar("T")
 MAX_ARGS = 32  # workload_args entries
+MAX_ARG_KEY = 64  # characters of a workload_args key
+MAX_ARG_STR = 256  # characters of a workload_args string value
+ARG_KEY = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_ARG_KEY = re.compile(ARG_KEY)
 MAX_CANDIDATES = 16  # hardware candidates in one recommend
 MAX_PAGE = 500  # rows in one page
 
@@ -34,22 +40,51 @@ class _Out(BaseModel):
 
 def _check_args(v: dict[str, Any]) -> dict[str, Any]:
     if len(v) > MAX_ARGS:
-        raise ValueError(f"at most {MAX_ARGS} workload_args")
+        raise ValueError(f"at most {MAX_ARGS} entries")
     for key in v:
         if not key.isidentifier():
-            raise ValueError(f"workload_args key {key!r} is not a Python identifier")
+            raise ValueError(f"key {key[:MAX_ARG_KEY]!r} is not a Python identifier")
     return v
+
+
+def _check_scalar_args(v: Any) -> Any:
+    """workload_args: at most MAX_ARGS identifier keys, each a JSON scalar (a short string, a finite number, a
+    boolean or null). Checked before the types, so the message names the key and the limit."""
+    if not isinstance(v, dict):
+        return v  # the type's own message
+    if len(v) > MAX_ARGS:
+        raise ValueError(f"at most {MAX_ARGS} entries, not {len(v)}")
+    for key, value in v.items():
+        name = repr(key[:MAX_ARG_KEY]) + ("..." if len(key) > MAX_ARG_KEY else "")
+        if len(key) > MAX_ARG_KEY or not _ARG_KEY.match(key):
+            raise ValueError(f"key {name} is not an identifier of at most {MAX_ARG_KEY} characters")
+        if isinstance(value, str) and len(value) > MAX_ARG_STR:
+            raise ValueError(f"{name} is a string of {len(value)} characters; at most {MAX_ARG_STR}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name} is not a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} is out of the 64-bit integer range")
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise ValueError(f"{name} is a {type(value).__name__}; give a string, number, boolean or null")
+    return v
+
+
+ArgKey = Annotated[str, StringConstraints(max_length=MAX_ARG_KEY, pattern=ARG_KEY)]
+ArgValue = (Annotated[str, StringConstraints(max_length=MAX_ARG_STR)] | bool
+            | Annotated[int, Field(ge=-2**63, le=2**63 - 1)] | Annotated[float, Field(allow_inf_nan=False)] | None)
 
 
 class WorkloadRef(_In):
     workload: str = Field(min_length=1, max_length=200, description="A built-in preset (GET /v1/workloads), or "
                           "`pkg.module:build` inside the server's ADVISOR_WORKLOAD_MODULES.",
                           examples=["tiny-gpt2"])
-    workload_args: dict[str, Any] = Field(default_factory=dict,
-                                          description="Keyword arguments for the workload's build.",
-                                          examples=[{"seq_len": 128}])
+    workload_args: dict[ArgKey, ArgValue] = Field(
+        default_factory=dict, max_length=MAX_ARGS, examples=[{"seq_len": 128}],
+        description=f"Keyword arguments for the workload's build: at most {MAX_ARGS}, each an identifier of at most "
+                    f"{MAX_ARG_KEY} characters with a JSON scalar value (a string of at most {MAX_ARG_STR} "
+                    "characters, a finite number, a boolean or null).")
 
-    _args = field_validator("workload_args")(_check_args)
+    _args = field_validator("workload_args", mode="before")(_check_scalar_args)
 
 
 class EstimateRequest(WorkloadRef):

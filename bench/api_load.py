@@ -237,17 +237,23 @@ def connections_by_pid(port: int) -> dict[str, int]:
 
 # -- warm-up -----------------------------------------------------------------------------------------
 def warm(base: str, payloads: list[bytes], parallel: int = 8, fast_s: float = 0.5) -> list[dict[str, Any]]:
-    """Each body once (its first answer builds the workload's model), then in rounds of `parallel`
-    requests at once, each on a new connection, until a round answers within `fast_s`: with several
-    HTTP workers every process must have built and cached it. Stops on a non-200: the mix must be valid."""
+    """Each body once (its first answer builds the workload's model in an isolated worker), then in rounds
+    of `parallel` requests at once, each on a new connection, until a round answers within `fast_s`: with
+    several HTTP workers every process must have computed and cached it. A 503 (the process's isolated
+    workers busy, its queue full) is tried again after its Retry-After; any other non-200 stops the run:
+    the mix must be valid."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
     def post(payload: bytes) -> float:
         t0 = time.perf_counter()
-        r = httpx.post(f"{base}/v1/recommend", content=payload, headers={"content-type": "application/json"},
-                       timeout=300, verify=False)  # plain HTTP; verify=False spares loading the CA bundle
+        for _ in range(60):
+            r = httpx.post(f"{base}/v1/recommend", content=payload, headers={"content-type": "application/json"},
+                           timeout=300, verify=False)  # plain HTTP; verify=False spares loading the CA bundle
+            if r.status_code != 503:
+                break
+            time.sleep(float(r.headers.get("retry-after", 1)))
         if r.status_code != 200:
             raise SystemExit(f"warm-up: {r.status_code} {r.text[:300]} for {payload.decode()}")
         return time.perf_counter() - t0

@@ -132,7 +132,7 @@ def glance_rows() -> list[list[str]]:
                          m["started"][:10]])
     rows += _held_out_glance() + [_largest_glance(), _speed_glance()]
     rows += [_cuda_glance(stem, gpu) for stem, gpu in (("accuracy-cuda", "H100"), ("accuracy-cuda-h200", "H200"))]
-    rows += [_calibration_glance()] + _md_glance()
+    rows += [_calibration_glance()] + _md_glance() + [_isolation_glance()]
     return rows
 
 
@@ -186,6 +186,18 @@ def _cuda_glance(stem: str, gpu: str) -> list[str]:
             f"{_apct(alloc['max_abs'])}", "as the CPU grid's", f"{_yes(rsv['met'])}; {_yes(alloc['met'])}",
             _anchors(s, ANCHORS["ours_vs_reserved"]), f"{m['device']}, torch {m['torch']}",
             f"`{re.match(r'[0-9a-f]+', m['source']['git_head'])[0]}`", m["started"][:10]]
+
+
+def _isolation_glance() -> list[str]:
+    res = _load("isolation-latency")
+    m, rows = res["meta"], res["rows"]
+    over = [r["figures"]["overhead_s"] for r in rows]
+    outside = max(r["figures"]["isolated_warm_outside_estimate_s"] for r in rows)
+    dirty = ", uncommitted changes" if m["source"]["dirty"] else ""
+    return ["[Cost of isolation](#cost-of-isolation): a warm isolated estimate less the same in process",
+            f"{min(over):+.2f} to {max(over):+.2f} s over {len(rows)} workloads x hardware; outside the estimator "
+            f"≤ {outside:.2f} s", f"≤ {res['goal_s']} s", f"{sum(r['met'] for r in rows)} of {len(rows)}", "—",
+            cpu_machine(m), f"`{m['source']['git_head']}`{dirty}", m["started"][:10]]
 
 
 def _md_glance() -> list[list[str]]:
@@ -366,6 +378,10 @@ def md_sections() -> list[str]:
          "`POST /v1/recommend` answered from stored results to 200 concurrent clients over loopback, against "
          "`advisor serve` in its own process. The answers come from a cache in front of the app keyed by the "
          "request's bytes (`api/fastpath.py`), checked against the store's best-generation."),
+        ("Cost of isolation", "isolation-latency", None,
+         "What running a named workload's estimate in an isolated worker (`advisor.isolation.estimate`, the path of "
+         "the CLI, the trial runner, the tuner and the API) costs beside `estimate_memory` in the caller's process, "
+         "cold and warm. Goal: at most 0.5 s more per estimate once warm."),
     ]
     out = []
     for title, stem, command, method in parts:

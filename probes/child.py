@@ -312,15 +312,9 @@ def entry(path: str, log_path: str) -> None:
     The rank leads a new session and process group (so the runner can kill it and its DataLoader
     workers together) and writes its output to `log_path`; the server set its environment.
     """
-    os.setsid()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    if "OMP_NUM_THREADS" in os.environ:  # libgomp read it when the server loaded torch: apply it now
-        import torch
+    from advisor.isolation.forkserver import own_group
 
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    own_group(log_path, os.O_TRUNC)
     main(path)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.hardware.spec import HardwareSpec
 from advisor.trial import CompileMode, TrainingConfig, TrialBudget, TrialResult
+from advisor.workload import WorkloadInfo
 
 log = logging.getLogger(__name__)
 # 'auto' skips trials that use less than this share of their memory: there an error of the estimate
@@ -48,7 +49,7 @@ def _why_not(budget: TrialBudget, config: TrainingConfig, hw: HardwareSpec, resu
     return None
 
 
-def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, hw: HardwareSpec,
+def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: WorkloadInfo, hw: HardwareSpec,
                          config: TrainingConfig, budget: TrialBudget, result: TrialResult,
                          deadline: float) -> TrialResult:
     """`result` with the protocol's peak and a note where a run was made (or asked for and not made);
@@ -56,7 +57,6 @@ def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, 
     why = _why_not(budget, config, hw, result)
     if why is not None:
         return _with_note(result, why) if why else result
-    from advisor.fingerprint import workload_fingerprint
     from advisor.measure import MeasureRequest, measure
     from advisor.peaks import default_peaks, record_points, request_key
     from advisor.render import human_bytes
@@ -66,7 +66,7 @@ def record_protocol_peak(workload: str, workload_args: dict[str, Any], wl: Any, 
     b = config.batch_size
     request = estimate_request(config)
     try:
-        fingerprint = workload_fingerprint(wl)
+        fingerprint = wl.fingerprint
         store = default_peaks()
         if budget.record_peak == "auto":  # a calibration's runs count too: they are the same protocol
             if any(p.batch_size / NEAR <= b <= p.batch_size * NEAR

@@ -3,7 +3,9 @@
 The ranks run in a process group of their own (DataLoader workers included), so a timeout, a
 memory cap or a crash of any rank kills every process of the trial and nothing is left behind.
 Whatever happens, the caller gets a TrialResult; only a user's bad input (an unknown preset, a
-workload file that does not import) raises, before anything is launched.
+workload file that does not import) raises, before anything is launched. The workload is loaded and
+estimated in an isolated worker (advisor/isolation), never in the caller's process: one that crashes,
+hangs or outgrows its memory there is the trial's result too.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from advisor.errors import AdvisorError, SpecError, invalid_input
+from advisor.errors import AdvisorError, SpecError, WorkloadFailed, invalid_input
+from advisor.hardware import get_hardware
 from advisor.hardware.spec import HardwareSpec
+from advisor.procmem import group_pss
 from advisor.trial import (
     CompileMode,
     TrainingConfig,
@@ -28,6 +32,7 @@ from advisor.trial import (
     inapplicable,
     trial_hardware,
 )
+from advisor.workload import WorkloadInfo
 from probes.child import ChildReport, ChildRequest
 from probes.summary import summarize
 
@@ -45,7 +50,7 @@ def _free_port() -> int:
 
 def _launch(request_path: Path, config: TrainingConfig, workdir: Path) -> list[Any]:
     """Start every rank; each leads its own session and process group (see probes.child.entry)."""
-    from probes.forkserver import get_server
+    from probes.forkserver import ENTRY, get_server
 
     env = dict(os.environ, WORLD_SIZE=str(config.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                LOCAL_WORLD_SIZE=str(config.nproc), PYTHONUNBUFFERED="1")
@@ -56,38 +61,8 @@ def _launch(request_path: Path, config: TrainingConfig, workdir: Path) -> list[A
     procs = []
     for rank in range(config.nproc):
         env_r = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
-        procs.append(server.spawn([str(request_path), str(workdir / f"rank{rank}.log")], env_r))
+        procs.append(server.spawn(ENTRY, [str(request_path), str(workdir / f"rank{rank}.log")], env_r))
     return procs
-
-
-def _group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited while we looked
-        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ...
-            pids.append(int(entry))
-    return pids
-
-
-def _group_memory(pgid: int) -> int:
-    """Proportional set size of every process in the group (bytes): shared pages counted once."""
-    total = 0
-    for pid in _group_pids(pgid):
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-        except OSError:
-            continue
-    return total
 
 
 def _kill_groups(procs: list[Any]) -> None:
@@ -118,7 +93,7 @@ def _watch(procs: list[Any], budget: TrialBudget, started: float) -> tuple[str, 
             return "timeout", peak
         if budget.memory_cap_bytes and now >= next_mem:
             next_mem = now + MEMORY_POLL_S
-            peak = max(peak, sum(_group_memory(p.pid) for p in procs))
+            peak = max(peak, sum(group_pss(p.pid) for p in procs))
             if peak > budget.memory_cap_bytes:
                 _kill_groups(procs)
                 return "oom", peak
@@ -168,13 +143,16 @@ def _failure_status(outcome: str, procs: list[Any], reports: list[ChildReport | 
     return None
 
 
-def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: HardwareSpec) -> tuple[Any, str | None]:
+def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: HardwareSpec,
+              timeout_s: float | None = None, memory_cap_bytes: int | None = None) -> tuple[Any, str | None]:
     """The estimator's prediction for this config (no calibration runs), or why there is none.
 
     Computed before the ranks start, not beside them: a trace running next to the measurement
-    would take a core from it.
+    would take a core from it. It runs in an isolated worker (advisor/isolation): a workload that
+    crashes or hangs there costs the trial its prediction, and the ranks then measure what it does.
     """
-    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
+    from advisor import isolation
+    from advisor.estimate import EstimateOptions, EstimateRequest
 
     hw = trial_hardware(hw, config)
     try:
@@ -182,7 +160,8 @@ def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: 
                                      strategy=config.strategy, checkpointing=config.checkpointing,
                                      fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
         options = EstimateOptions(calibrate=False, compile_mode=config.compile_mode.value, exact_largest=False)
-        return estimate_memory(workload, hw, request, options, workload_args=wargs), None
+        return isolation.estimate(workload, hw, request, options, workload_args=wargs, timeout_s=timeout_s,
+                                  memory_cap_bytes=memory_cap_bytes), None
     except AdvisorError as exc:
         return None, f"no estimate: {exc}"
     except Exception as exc:  # noqa: BLE001 - an estimator bug must not lose a measurement; it is reported
@@ -222,15 +201,19 @@ def _settle(budget: TrialBudget) -> tuple[str | None, float | None]:
     return None, busy
 
 
-def _resolve(workload: str, workload_args: dict[str, Any], hardware: HardwareSpec | str, config: TrainingConfig | dict):
+def _resolve(workload: str, workload_args: dict[str, Any], hardware: HardwareSpec | str, config: TrainingConfig | dict,
+             budget: TrialBudget) -> tuple[WorkloadInfo, HardwareSpec, TrainingConfig]:
+    """The workload described in an isolated worker (within the trial's timeout and memory cap), the hardware
+    and the config; bad input raises here, before anything runs; a workload that fails to load, WorkloadFailed."""
+    from advisor import isolation
     from advisor.hardware import get_hardware
-    from advisor.workload import load_workload
 
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     if isinstance(config, dict):
         config = config_from_dict(config, device=hw.device_type)
-    wl = load_workload(workload, workload_args)  # bad input raises here, before anything runs
-    return wl, hw, config
+    info = isolation.describe(workload, workload_args, timeout_s=budget.timeout_s,
+                              memory_cap_bytes=budget.memory_cap_bytes)
+    return info, hw, config
 
 
 def config_from_dict(values: dict[str, Any], *, device: str) -> TrainingConfig:
@@ -254,9 +237,14 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
     t0 = time.monotonic()
     wargs = dict(workload_args or {})
     budget = budget or TrialBudget()
-    wl, hw, config = _resolve(workload, wargs, hardware, config)
-    hw_name = f"{hw.accelerator.name}:{config.nproc}" if config.nproc > 1 else hw.accelerator.name
-    base = dict(workload=wl.name, hardware=hw_name, config=config)
+    try:
+        wl, hw, config = _resolve(workload, wargs, hardware, config, budget)
+    except WorkloadFailed as exc:  # crashed, hung or outgrew its cap while loading: the trial's result
+        hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+        config = config_from_dict(config, device=hw.device_type) if isinstance(config, dict) else config
+        return TrialResult(status=TrialStatus(exc.status), error=f"{exc}\n{exc.detail}".rstrip(), workload=workload,
+                           hardware=_hardware_name(hw, config), config=config, wall_s=time.monotonic() - t0)
+    base = dict(workload=wl.name, hardware=_hardware_name(hw, config), config=config)
     reason = inapplicable(config, hw, wl)
     if reason is None and config.nproc > 1:
         from probes.parallel import check_strategy
@@ -280,7 +268,10 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
         from probes.forkserver import get_server
 
         server = get_server()  # its imports (seconds) start now, beside the estimate, where a second core takes them
-        prediction, note = _estimate(workload, wargs, config, hw) if estimate else (None, None)
+        # at most half of what is left of the trial's time: the rest is the measurement's
+        left = budget.timeout_s - (time.monotonic() - t0)
+        prediction, note = (_estimate(workload, wargs, config, hw, max(1.0, left / 2), budget.memory_cap_bytes)
+                            if estimate else (None, None))
         server.wait_ready()  # before the look for quiet, which would count its imports as others' work
         busy_note, base["others_busy"] = _settle(budget)
         notes = [n for n in (note, busy_note) if n]
@@ -295,7 +286,7 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
             p.close()
     wall = time.monotonic() - t0
     if failure is not None:
-        return TrialResult(status=failure[0], error=failure[1], wall_s=wall, **base)
+        return TrialResult(status=failure[0], error=failure[1], wall_s=wall, notes=notes, **base)
     result = summarize(reports, wl, hw, config, prediction, wall, base, notes)
     _record_peak(wl, hw, config, result)
     from probes.protocol import record_protocol_peak
@@ -303,7 +294,11 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
     return record_protocol_peak(workload, wargs, wl, hw, config, budget, result, t0 + budget.timeout_s)
 
 
-def _record_peak(wl, hw: HardwareSpec, config: TrainingConfig, result: TrialResult) -> None:
+def _hardware_name(hw: HardwareSpec, config: TrainingConfig) -> str:
+    return f"{hw.accelerator.name}:{config.nproc}" if config.nproc > 1 else hw.accelerator.name
+
+
+def _record_peak(wl: WorkloadInfo, hw: HardwareSpec, config: TrainingConfig, result: TrialResult) -> None:
     """A measured CUDA peak refines the estimator for this workload and device (advisor/peaks.py).
 
     CPU peaks are not kept: they differ from docs/design.md's fresh-process peak, which the CPU estimate

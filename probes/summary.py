@@ -7,7 +7,7 @@ from typing import Any
 
 from advisor.hardware.spec import HardwareSpec
 from advisor.trial import CompileMode, StepTimes, TrainingConfig, TrialResult, TrialStatus
-from advisor.workload import Workload
+from advisor.workload import WorkloadInfo
 from probes.child import ChildReport
 from probes.verdict import bottleneck
 
@@ -26,7 +26,7 @@ def _peak_tflops(hw: HardwareSpec, config: TrainingConfig) -> float | None:
     return hw.accelerator.peak_tflops.get(key) or hw.accelerator.peak_tflops.get("fp32")
 
 
-def summarize(reports: list[ChildReport | None], wl: Workload, hw: HardwareSpec, config: TrainingConfig,
+def summarize(reports: list[ChildReport | None], wl: WorkloadInfo, hw: HardwareSpec, config: TrainingConfig,
               estimate: Any, wall_s: float, base: dict[str, Any], notes: list[str]) -> TrialResult:
     """Rank 0's timings (every rank steps in lockstep) with each rank's parameter digest."""
     r0 = reports[0]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.errors import EstimateError, TrialError
+from advisor.errors import EstimateError, TrialError, WorkloadFailed
 from advisor.hardware.spec import HardwareSpec
 from advisor.trial import TrainingConfig, trial_hardware
 
@@ -83,11 +83,13 @@ def _workload_key(workload: "Workload | str") -> Any:
 
 
 def feasibility(workload: "Workload | str", workload_args: dict[str, Any] | None, hardware: HardwareSpec,
-                config: TrainingConfig, margin: float | None = None) -> Feasibility:
+                config: TrainingConfig, margin: float | None = None, timeout_s: float | None = None) -> Feasibility:
     """Launch or prune `config`: its estimate (calibrate=False: no real runs) against usable memory.
 
     CPU ranks share the host's memory, so there the estimate counts once per process. A case the
-    estimator cannot handle launches (the trial will measure it), saying so in `reason`.
+    estimator cannot handle, or a workload that crashes, hangs (past `timeout_s`, default the
+    settings') or outgrows its memory cap while traced in its isolated worker, launches: the trial
+    measures what it does, and `reason` says why there was no estimate.
     """
     from advisor.peaks import default_peaks
 
@@ -96,14 +98,15 @@ def feasibility(workload: "Workload | str", workload_args: dict[str, Any] | None
            hardware.model_dump_json(), margin, memory_key(config), default_peaks().version())
     cached = FEASIBILITY_CACHE.get(key)
     if cached is None:
-        cached = _decide(workload, workload_args, hardware, config, margin)
+        cached = _decide(workload, workload_args, hardware, config, margin, timeout_s)
         FEASIBILITY_CACHE.put(key, cached)
     return cached
 
 
 def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, hardware: HardwareSpec,
-            config: TrainingConfig, margin: float | None) -> Feasibility:
-    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
+            config: TrainingConfig, margin: float | None, timeout_s: float | None) -> Feasibility:
+    from advisor import isolation
+    from advisor.estimate import EstimateOptions, EstimateRequest
 
     # The estimate scales by the world size the trial will have, not the whole machine.
     target = trial_hardware(hardware, config)
@@ -113,8 +116,8 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
     options = EstimateOptions(calibrate=False, margin=margin, compile_mode=config.compile_mode.value,
                               exact_largest=False)
     try:
-        est = estimate_memory(workload, target, request, options, workload_args=workload_args)
-    except (EstimateError, TrialError) as exc:  # TrialError: the estimator's real-step fallback itself failed
+        est = isolation.estimate(workload, target, request, options, workload_args=workload_args, timeout_s=timeout_s)
+    except (EstimateError, TrialError, WorkloadFailed) as exc:  # TrialError: the real-step fallback failed too
         return Feasibility(launch=True, reason=f"no estimate ({exc}); launching to measure")
     sharing = config.nproc if hardware.device_type == "cpu" else 1
     need = (est.total_bytes + est.runtime_bytes) * sharing

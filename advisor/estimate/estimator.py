@@ -45,12 +45,12 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, requ
     notes: list[str] = [hw.note] if hw.note else []
     usable = int(hw.memory_per_device_bytes * (1 - _margin(case.options)))
     calibrating = _calibrating(case.options)
-    probe_gpu = calibrating and _local_cuda(hw)
+    probe_gpu = calibrating is True and _local_cuda(hw)
     reduce_gpu = _reduce_gpu(hw, probe_gpu)
     report(f"tracing {case.wl.name} at batch {batch}")
     bm, used = _choose_batch_model(case, notes, probe_gpu, reduce_gpu)
     notes += trace_notes(bm.trace_a, case.wl.name, hw, reduce_gpu)
-    fit = _fit(case, bm, calibrating and used != "analytic", notes)
+    fit = _fit(case, bm, bool(calibrating) and used != "analytic", notes)
     tr, _, parts, ov = fit.ev.at(batch, runs=True)
     total, _ = fit.ev.total(batch, runs=True)
     breakdown = _breakdown(parts, total)
@@ -102,7 +102,7 @@ def _margin(options: EstimateOptions) -> float:
     return get_settings().memory_margin if options.margin is None else options.margin
 
 
-def _calibrating(options: EstimateOptions) -> bool:
+def _calibrating(options: EstimateOptions) -> bool | str:
     from advisor.settings import get_settings
 
     return get_settings().calibrate if options.calibrate is None else options.calibrate
@@ -189,6 +189,9 @@ def _choose_batch_model(case: Case, notes: list[str], cuda: bool,
         if not isinstance(case.workload, str):
             raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "
                                 "so give its preset name or file.py:build to fall back to real steps") from exc
+        if case.options.calibrate == "kept":
+            raise EstimateError(f"{exc}; its fallback, real steps at batch 1 and 2, is not run for this caller "
+                                "(`advisor estimate` here runs it)") from exc
         from advisor.estimate.resident.calibrate import real_batch_model
 
         notes.append(f"{exc}; fell back to real steps at batch 1 and 2 on this CPU, traced on real tensors")
@@ -252,7 +255,12 @@ def _largest(case: Case, fit: Fitted, usable: int, probe_gpu: bool, notes: list[
                      "not asked for")
         exact = None
     trace_at = _tracer(case.wl, case.req, _local_cpu(hw), hw.device_type, probe_gpu) if exact else None
-    return largest_batches(ev, fit.calibrated, fit.points, case.workload, case.workload_args, usable, notes,
+    # a workload object makes no real runs near the largest batch: so it is for a kept calibration
+    runs_for = case.wl if case.options.calibrate == "kept" else case.workload
+    if fit.calibrated and runs_for is case.wl and isinstance(case.workload, str):
+        notes.append("largest batch from the kept calibration's fit, not checked with real runs near it (none are "
+                     "made for this caller)")
+    return largest_batches(ev, fit.calibrated, fit.points, runs_for, case.workload_args, usable, notes,
                            fit.record, trace_at, exact or "")
 
 

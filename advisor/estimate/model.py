@@ -70,10 +70,12 @@ class EstimateOptions(BaseModel):
     method: Literal["auto", "traced", "analytic"] = Field(
         default="auto", description="'traced' (fake-tensor trace), 'analytic' (decoder formulas), or 'auto' (analytic "
         "for decoders above settings.trace_param_limit parameters, else traced).")
-    calibrate: bool | None = Field(
+    calibrate: bool | Literal["kept"] | None = Field(
         default=None, description="Allow short real runs at small batches when the target is this machine's CPU, "
         "and each cuDNN convolution and LSTM layer shape and each reduction run once on this machine's GPU when "
-        "that is the target (None: settings.calibrate).")
+        "that is the target (None: settings.calibrate). 'kept': no real run, but a CPU calibration of the same "
+        "request kept on this host (by an earlier `advisor estimate`) is used, the notes say which, and an untraceable "
+        "model is an EstimateError rather than real steps (the API's).")
     margin: float | None = Field(default=None, description="Fraction of device memory kept free "
                                  "(None: settings.memory_margin).")
     measured: Annotated[Any, PlainValidator(_peaks_store)] = Field(

@@ -305,14 +305,15 @@ def _resources(hw) -> Callable[[dict[str, Any]], dict[str, float]]:
     return per_trial
 
 
-def _prepare(req: TuneRequest):
-    """Workload, hardware, space, context and baseline; SpecError for anything the user got wrong."""
+def _prepare(req: TuneRequest, *, pool=None, timeout_s: float | None = None):  # noqa: ANN001 - WorkerPool, lazily
+    """Workload, hardware, space, context and baseline; SpecError for anything the user got wrong. The workload
+    is loaded in an isolated worker of `pool` (default: this process's) within `timeout_s` (default: settings')."""
+    from advisor import isolation
     from advisor.hardware import get_hardware
-    from advisor.workload import load_workload
     from search_spaces import SpaceContext, apply_fixes, baseline, load_space
 
-    wl = load_workload(req.workload, req.workload_args)
     hw = get_hardware(req.hardware)
+    wl = isolation.describe(req.workload, req.workload_args, pool=pool, timeout_s=timeout_s)
     space = apply_fixes(load_space(req.space), req.fixes)
     try:
         context = SpaceContext.for_target(hw, wl, global_batch_size=req.global_batch_size)
@@ -322,11 +323,10 @@ def _prepare(req: TuneRequest):
 
 
 def _open_study(req: TuneRequest, wl, hw, space, objective: Objective):
-    from advisor.fingerprint import workload_fingerprint
     from advisor.store import hardware_fingerprint, open_store, software_fingerprint, software_versions
 
     store = open_store(req.db)
-    spec = StudySpec(name=req.study_name(wl.name, hw.accelerator.name), workload_fp=workload_fingerprint(wl),
+    spec = StudySpec(name=req.study_name(wl.name, hw.accelerator.name), workload_fp=wl.fingerprint,
                      workload_name=wl.name, workload_description={"spec": req.workload, "args": req.workload_args},
                      hardware_fp=hardware_fingerprint(hw), hardware_name=hw.accelerator.name,
                      hardware_spec=hw.model_dump(mode="json"), space=space.model_dump(mode="json"),
@@ -429,8 +429,9 @@ def _fit(req: TuneRequest, hw, ctx: StudyContext, name: str, budget: _Budget, ca
         param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples, reuse_actors=True,
                                     max_concurrent_trials=_concurrency(hw), time_budget_s=elapsed),
+        # a trial whose actor dies is that trial's error, never retried (user code runs in isolated workers)
         run_config=tune.RunConfig(name=name, storage_path=str(_results_dir()), verbose=0, stop=BudgetStopper(budget),
-                                  callbacks=[callback]))
+                                  callbacks=[callback], failure_config=tune.FailureConfig(max_failures=0)))
     tuner.fit()
 
 

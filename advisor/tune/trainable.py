@@ -94,7 +94,8 @@ def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRe
     if blocked:
         return store.prune_trial(claim, blocked)
     hw = get_hardware(req.hardware)
-    feas = feasibility(req.workload, req.workload_args, hw, config, req.margin)
+    # the estimate gets half the trial's time at most: a workload that hangs while traced is the trial's to measure
+    feas = feasibility(req.workload, req.workload_args, hw, config, req.margin, req.trial_budget.timeout_s / 2)
     estimate = feas.model_dump(mode="json")
     if not feas.launch:
         return store.prune_trial(claim, feas.reason, estimate=estimate, predicted_memory_bytes=feas.total_bytes)
@@ -142,14 +143,16 @@ def _nothing(ctx: StudyContext, status: str) -> dict[str, Any]:
 
 
 def ray_trainable(config: dict[str, Any], ctx_json: str) -> None:
-    """The function Ray Tune runs for each trial. The trial fork server (which imports torch: seconds)
-    starts at once in the background, so its start overlaps the claim, the reuse check and the
+    """The function Ray Tune runs for each trial. The trial and isolation fork servers (which import torch:
+    seconds) start at once in the background, so its start overlaps the claim, the reuse check and the
     estimate; an actor reused for the next trial (reuse_actors) keeps it."""
     import threading
 
     from ray import tune
 
+    from advisor.isolation.pool import default_pool
     from probes.forkserver import get_server
 
     threading.Thread(target=get_server, daemon=True, name="advisor-forkserver-start").start()
+    default_pool().warm()  # the isolated worker that estimates each configuration before it runs
     tune.report(evaluate(StudyContext.model_validate_json(ctx_json), config.get("training_config")))

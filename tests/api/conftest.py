@@ -54,8 +54,8 @@ def make_client() -> Iterator[Callable[..., "object"]]:
 class Server:
     """`advisor serve` in a process of its own (its own session, so a kill reaches only it)."""
 
-    def __init__(self, url: str, data_dir: Path, **env: str) -> None:
-        self.url, self.data_dir, self.env = url, data_dir, env
+    def __init__(self, url: str, data_dir: Path, *args: str, **env: str) -> None:
+        self.url, self.data_dir, self.args, self.env = url, data_dir, args, env
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -66,8 +66,8 @@ class Server:
                "ADVISOR_LOG_LEVEL": "INFO", **self.env}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "advisor.cli", "serve", "--port", str(self.port),
-                                          "--db", self.url], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                          "--db", self.url, *self.args], env=env, cwd=ROOT, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
@@ -111,11 +111,11 @@ def short_data_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def serve(short_data_dir: Path) -> Iterator[Callable[..., Server]]:
-    """serve(url, **env) -> a started Server; every one is stopped afterwards."""
+    """serve(url, *serve_args, **env) -> a started Server; every one is stopped afterwards."""
     servers: list[Server] = []
 
-    def start(url: str, **env: str) -> Server:
-        server = Server(url, short_data_dir, **env).start()
+    def start(url: str, *args: str, **env: str) -> Server:
+        server = Server(url, short_data_dir, *args, **env).start()
         servers.append(server)
         return server
 

@@ -104,6 +104,10 @@ def _load_or_run(case: Case, bm: BatchModel, key: str, record: Recorder | None, 
     if kept is not None:
         _CALIBRATIONS[key] = kept
         return " (runs of an earlier estimate on this host, kept in the data dir)"
+    if case.options.calibrate == "kept":
+        notes.append("not calibrated: no calibration of this request is kept on this host, and none is run for this "
+                     "caller (`advisor estimate` here makes and keeps one)")
+        return None
     sizes = calibration_batches(req.batch_size)
     at = f" and {req.batch_size} (x{at_batch})" if at_batch else f" ({sizes[-1]} x{top_runs(at_batch)})"
     report(f"calibrating: real steps in fresh processes at batch sizes {', '.join(map(str, sizes))}{at}")

@@ -1,0 +1,58 @@
+"""A workload's code runs in isolated workers (pool.py), with a time limit and a memory cap from the settings;
+these are the calls the CLI, the trial runner, the tuner and the API make through them.
+
+A workload given as an object (the Python API's `estimate_memory(Workload(...), ...)`) is the caller's own
+code in the caller's own process, and is estimated there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+if TYPE_CHECKING:
+    from advisor.estimate.model import EstimateOptions, EstimateRequest, MemoryEstimate
+    from advisor.hardware.spec import HardwareSpec
+    from advisor.isolation.pool import WorkerPool
+    from advisor.workload import Workload, WorkloadInfo
+
+T = TypeVar("T")
+__all__ = ["describe", "estimate", "run_isolated"]
+
+
+def run_isolated(fn: Callable[..., T], *args: Any, spec: str, what: str, stage: str, timeout_s: float | None = None,
+                 memory_cap_bytes: int | None = None, pool: WorkerPool | None = None, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` in a worker of `pool` (default: this process's), for workload `spec`; the worker
+    is retired after it where `spec` names code from outside the advisor (file.py:build, pkg.module:build).
+    Time limit `timeout_s` (default settings.estimate_timeout_s); memory cap settings.memory_cap_bytes(), or
+    `memory_cap_bytes` where that is lower (a trial's own cap)."""
+    from advisor.isolation.pool import default_pool
+    from advisor.settings import get_settings
+
+    settings = get_settings()
+    cap = min(settings.memory_cap_bytes(), memory_cap_bytes or settings.memory_cap_bytes())
+    return (pool or default_pool()).call(fn, *args, what=what, stage=stage, retire=":" in spec,
+                                         timeout_s=timeout_s or settings.estimate_timeout_s,
+                                         memory_cap_bytes=cap, **kwargs)
+
+
+def estimate(workload: "str | Workload", hardware: "HardwareSpec | str", request: "EstimateRequest | None" = None,
+             options: "EstimateOptions | None" = None, *, workload_args: dict[str, Any] | None = None,
+             timeout_s: float | None = None, memory_cap_bytes: int | None = None,
+             pool: WorkerPool | None = None) -> "MemoryEstimate":
+    """advisor.estimate.estimate_memory, isolated where `workload` is a name (see the module docstring)."""
+    from advisor.estimate import estimate_memory
+
+    if not isinstance(workload, str):
+        return estimate_memory(workload, hardware, request, options, workload_args=workload_args)
+    return run_isolated(estimate_memory, workload, hardware, request, options, workload_args=workload_args,
+                        spec=workload, what="the estimate", stage=f"loading {workload}", timeout_s=timeout_s,
+                        memory_cap_bytes=memory_cap_bytes, pool=pool)
+
+
+def describe(spec: str, args: dict[str, Any] | None = None, *, timeout_s: float | None = None,
+             memory_cap_bytes: int | None = None, pool: WorkerPool | None = None) -> "WorkloadInfo":
+    """The workload's name, fingerprint and attributes (advisor.workload.describe_workload), isolated."""
+    from advisor.workload import describe_workload
+
+    return run_isolated(describe_workload, spec, dict(args or {}), spec=spec, what="loading the workload",
+                        stage=f"loading {spec}", timeout_s=timeout_s, memory_cap_bytes=memory_cap_bytes, pool=pool)
