@@ -1,7 +1,8 @@
 """Workloads whose code aborts, hangs, raises, exits or eats memory, run through the CLI as a user runs it:
 `advisor estimate` says what happened in one line and exits 1, `advisor trial` records the failure's status
-and stays within its time limit, `advisor tune` finishes its study with every trial recorded; and none of
-them leaves a process behind (each run's processes are found by the data dir their environment names)."""
+and stays within its time limit, `advisor tune` finishes its study with every trial recorded (or, for a
+workload that cannot even be loaded, fails in one line before any study exists); and none of them leaves a
+process behind (each run's processes are found by the data dir their environment names)."""
 
 from __future__ import annotations
 
@@ -114,15 +115,81 @@ def test_trial_of_a_failing_workload_records_its_status_within_the_time_limit(da
         assert any("no estimate: the workload's loss crashed (SIGABRT)" in n for n in result["notes"]), result
 
 
-def test_tune_of_a_workload_that_aborts_finishes_its_study_with_every_trial_recorded(data_dir):
-    proc, wall = advisor(data_dir, "tune", "-w", FAILING, "-a", "mode=abort", "-H", "cpu", "--space", "quick",
-                         "--trials", "3", "--min-time", "0.3", "--min-steps", "3", "--trial-timeout", "60",
-                         "--settle", "0", "--json", timeout=300)
+def _tune(data_dir: Path, workload: str, mode: str, trial_timeout_s: float,
+          env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """`advisor tune` of `mode` at the smallest budget: three configurations, one timed step each."""
+    return advisor(data_dir, "tune", "-w", workload, "-a", f"mode={mode}", "-H", "cpu", "--space", "quick",
+                   "--trials", "3", "--min-time", "0", "--min-steps", "1", "--trial-timeout", f"{trial_timeout_s:g}",
+                   "--settle", "0", "--json", env=env, timeout=240)
+
+
+def _study(data_dir: Path):
+    """The data dir's one study and its trials, read from its store."""
+    from advisor.store import open_store
+
+    store = open_store(f"sqlite:///{data_dir / 'advisor.db'}")
+    try:
+        studies, total = store.list_studies()
+        assert total == 1, studies
+        return studies[0], store.study_trials(studies[0].id)
+    finally:
+        store.close()
+
+
+def _finished_with(data_dir: Path, proc: subprocess.CompletedProcess, status: str, says: str):
+    """The tune run exited 0 with its study finished: three distinct configurations, each `status`, none
+    running, every error saying `says`; the study's trials."""
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
-    assert summary["statuses"] == {"crashed": 3} and summary["best"] is None, summary
-    listed, _ = advisor(data_dir, "results", "list", "--json")
-    assert listed.returncode == 0, listed.stderr[-3000:]
-    rows = json.loads(listed.stdout)
-    assert len(rows) == 3 and len({r["config_hash"] for r in rows}) == 3
-    assert all(r["status"] == "crashed" and "SIGABRT" in r["result"]["error"] for r in rows), rows
+    assert summary["statuses"] == {status: 3} and summary["best"] is None, summary
+    study, trials = _study(data_dir)
+    assert study.status == "finished" and study.finished_at is not None, study
+    assert len(trials) == 3 and len({t.config_hash for t in trials}) == 3, trials
+    assert all(t.status == status and says in t.result.error for t in trials), [(t.status, t.error) for t in trials]
+    assert all(t.attempt == 1 for t in trials), [t.attempt for t in trials]  # no trial was run twice
+    return trials
+
+
+def test_tune_of_a_workload_that_aborts_finishes_its_study_with_every_trial_recorded(data_dir):
+    proc, _ = _tune(data_dir, FAILING, "abort", 60)
+    _finished_with(data_dir, proc, "crashed", "SIGABRT")
+
+
+def test_tune_of_a_workload_that_raises_finishes_its_study_with_every_trial_an_error(data_dir):
+    proc, _ = _tune(data_dir, FAILING, "raise", 60)
+    _finished_with(data_dir, proc, "error", "RuntimeError: the loss failed on purpose")
+
+
+HANG_TIMEOUT_S = 4
+# Each trial: the pruning estimate (half the trial's time), then the trial itself; plus Ray's start and
+# stop, the store and loading the workload, which take well under a minute on two busy cores.
+HANG_BOUND_S = 3 * 1.5 * HANG_TIMEOUT_S + 75
+
+
+def test_tune_of_a_workload_that_hangs_times_every_trial_out_within_its_limit(data_dir):
+    proc, wall = _tune(data_dir, FAILING, "hang", HANG_TIMEOUT_S)
+    trials = _finished_with(data_dir, proc, "timeout", f"no result within {HANG_TIMEOUT_S} s")
+    for t in trials:  # the estimate that decides pruning had half the trial's time, then the trial its own
+        assert f"did not finish within {HANG_TIMEOUT_S / 2:g} s" in t.estimate["reason"], t.estimate
+        assert t.result.wall_s < HANG_TIMEOUT_S + 2, t.result
+    assert wall < HANG_BOUND_S, wall
+
+
+TUNE_UNLOADABLE = {  # mode: (the workload, extra environment, what the one line says)
+    "hog": (FAILING, {"ADVISOR_ESTIMATE_MEMORY_CAP": CAP}, "the workload's model reached"),
+    "exit": (EXITING, {}, "the workload's import exited (SystemExit: 3)"),
+}
+
+
+@pytest.mark.parametrize("mode", list(TUNE_UNLOADABLE))
+def test_tune_of_a_workload_that_cannot_load_fails_fast_without_a_study(data_dir, mode):
+    workload, env, says = TUNE_UNLOADABLE[mode]
+    proc, wall = _tune(data_dir, workload, mode, 60, env=env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("advisor tune: ") and says in lines[0], proc.stderr[-3000:]
+    if mode == "hog":
+        assert "past the memory cap of 1,431 MiB" in lines[0], lines
+    # loading the workload comes first: no store, no study, no Ray
+    assert not (data_dir / "advisor.db").exists() and not (data_dir / "ray").exists(), list(data_dir.iterdir())
+    assert wall < 30, wall

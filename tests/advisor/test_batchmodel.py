@@ -142,7 +142,11 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
     assert sorted(traced) == [2, 4] and (line.total_bytes, line.fits) == (asked[2].total_bytes, asked[2].fits)
     assert any("not searched again on exact traces" in n for n in line.notes), line.notes
     traced.clear()
-    feas = feasibility("tiny-bert", {"seq_len": 512}, hw, TrainingConfig(batch_size=2, precision="bf16"), None)
+    # a workload object is estimated in this process (a name, in an isolated worker), so its traces count here
+    from advisor.workload import load_workload
+
+    bert = load_workload("tiny-bert", {"seq_len": 512})
+    feas = feasibility(bert, None, hw, TrainingConfig(batch_size=2, precision="bf16"), None)
     assert feas.launch and feas.max_batch_size == line.max_batch_size and sorted(traced) == [2, 4], traced
 
 
