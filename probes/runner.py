@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from advisor import isolation
 from advisor.errors import AdvisorError, SpecError, WorkloadFailed, invalid_input
 from advisor.hardware import get_hardware
 from advisor.hardware.spec import HardwareSpec
@@ -151,7 +152,6 @@ def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: 
     would take a core from it. It runs in an isolated worker (advisor/isolation): a workload that
     crashes or hangs there costs the trial its prediction, and the ranks then measure what it does.
     """
-    from advisor import isolation
     from advisor.estimate import EstimateOptions, EstimateRequest
 
     hw = trial_hardware(hw, config)
@@ -201,21 +201,6 @@ def _settle(budget: TrialBudget) -> tuple[str | None, float | None]:
     return None, busy
 
 
-def _resolve(workload: str, workload_args: dict[str, Any], hardware: HardwareSpec | str, config: TrainingConfig | dict,
-             budget: TrialBudget) -> tuple[WorkloadInfo, HardwareSpec, TrainingConfig]:
-    """The workload described in an isolated worker (within the trial's timeout and memory cap), the hardware
-    and the config; bad input raises here, before anything runs; a workload that fails to load, WorkloadFailed."""
-    from advisor import isolation
-    from advisor.hardware import get_hardware
-
-    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
-    if isinstance(config, dict):
-        config = config_from_dict(config, device=hw.device_type)
-    info = isolation.describe(workload, workload_args, timeout_s=budget.timeout_s,
-                              memory_cap_bytes=budget.memory_cap_bytes)
-    return info, hw, config
-
-
 def config_from_dict(values: dict[str, Any], *, device: str) -> TrainingConfig:
     """A TrainingConfig from user-given knobs; SpecError naming what was wrong and what is allowed."""
     from pydantic import ValidationError
@@ -237,11 +222,12 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
     t0 = time.monotonic()
     wargs = dict(workload_args or {})
     budget = budget or TrialBudget()
-    try:
-        wl, hw, config = _resolve(workload, wargs, hardware, config, budget)
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    if isinstance(config, dict):
+        config = config_from_dict(config, device=hw.device_type)
+    try:  # in an isolated worker, within the trial's timeout and memory cap; bad input raises here
+        wl = isolation.describe(workload, wargs, timeout_s=budget.timeout_s, memory_cap_bytes=budget.memory_cap_bytes)
     except WorkloadFailed as exc:  # crashed, hung or outgrew its cap while loading: the trial's result
-        hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
-        config = config_from_dict(config, device=hw.device_type) if isinstance(config, dict) else config
         return TrialResult(status=TrialStatus(exc.status), error=f"{exc}\n{exc.detail}".rstrip(), workload=workload,
                            hardware=_hardware_name(hw, config), config=config, wall_s=time.monotonic() - t0)
     base = dict(workload=wl.name, hardware=_hardware_name(hw, config), config=config)

@@ -255,13 +255,12 @@ def _largest(case: Case, fit: Fitted, usable: int, probe_gpu: bool, notes: list[
                      "not asked for")
         exact = None
     trace_at = _tracer(case.wl, case.req, _local_cpu(hw), hw.device_type, probe_gpu) if exact else None
-    # a workload object makes no real runs near the largest batch: so it is for a kept calibration
-    runs_for = case.wl if case.options.calibrate == "kept" else case.workload
-    if fit.calibrated and runs_for is case.wl and isinstance(case.workload, str):
+    kept = case.options.calibrate == "kept"  # a caller that allows no real runs
+    if kept and fit.calibrated:
         notes.append("largest batch from the kept calibration's fit, not checked with real runs near it (none are "
                      "made for this caller)")
-    return largest_batches(ev, fit.calibrated, fit.points, runs_for, case.workload_args, usable, notes,
-                           fit.record, trace_at, exact or "")
+    return largest_batches(ev, fit.calibrated, fit.points, None if kept else case.workload, case.workload_args,
+                           usable, notes, fit.record, trace_at, exact or "")
 
 
 def _roofline(hw: HardwareSpec, req: EstimateRequest, tr: Trace, activations: int,

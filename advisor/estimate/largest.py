@@ -109,12 +109,13 @@ def max_batch_traced(ev: Evaluator, trace_at: Callable[..., Trace], first: int, 
     return answer
 
 
-def largest_batches(ev: Evaluator, calibrated: bool, points: list[Run], workload: Workload | str,
+def largest_batches(ev: Evaluator, calibrated: bool, points: list[Run], workload: Workload | str | None,
                     workload_args: dict[str, Any] | None, usable: int, notes: list[str],
                     record: Callable[[tuple[Run, ...]], None] | None = None,
                     trace_at: Callable[..., Trace] | None = None, why: str = "") -> dict[str, int]:
     """The largest batch per strategy. The request's own, on this CPU: re-solved after real runs near
-    it when calibrated (the new runs go to `record`); with measured peaks and no calibration runs, also
+    it when calibrated and `workload` is a name (the new runs go to `record`; None: no real runs); with
+    measured peaks and no calibration runs, also
     solved with the fit's slope a few posterior SDs steeper (refine.cautious), the smaller answer kept.
     With `trace_at(b, flops)` (kernel scratch sized at each shape, `why`): searched again on exact traces."""
     by_strategy = {s.value: ev.max_batch(usable, s) for s in strategies(ev.hw)}
@@ -139,7 +140,7 @@ def largest_batches(ev: Evaluator, calibrated: bool, points: list[Run], workload
     return by_strategy
 
 
-def _max_batch_near(ev: Evaluator, workload: Workload | str, workload_args: dict[str, Any] | None, first: int,
+def _max_batch_near(ev: Evaluator, workload: Workload | str | None, workload_args: dict[str, Any] | None, first: int,
                     usable: int, notes: list[str],
                     record: Callable[[tuple[Run, ...]], None] | None = None) -> int | None:
     """The largest batch re-solved after real runs at the first answer and half of it (CPU,

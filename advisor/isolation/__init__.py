@@ -29,7 +29,8 @@ def run_isolated(fn: Callable[..., T], *args: Any, spec: str, what: str, stage: 
     from advisor.settings import get_settings
 
     settings = get_settings()
-    cap = min(settings.memory_cap_bytes(), memory_cap_bytes or settings.memory_cap_bytes())
+    cap = settings.memory_cap_bytes()
+    cap = min(cap, memory_cap_bytes) if memory_cap_bytes else cap
     return (pool or default_pool()).call(fn, *args, what=what, stage=stage, retire=":" in spec,
                                          timeout_s=timeout_s or settings.estimate_timeout_s,
                                          memory_cap_bytes=cap, **kwargs)
