@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from advisor import cli_recommend
 from advisor.config import OptimizerKind, Precision, Strategy, choices
 from advisor.errors import AdvisorError, ProbeError, SpecError, TrialError, WorkloadFailed
+from advisor.parallel.layout import PipelineSchedule
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1  # the workload failed: crashed, hung, outgrew its memory cap, exited or raised
@@ -55,6 +56,16 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="catalog name[:devices[xnodes]] (e.g. h100-sxm:8), 'cpu' or 'local'")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
+    return values
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="advisor", description="Estimate, measure and tune PyTorch training configurations.")
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default) or ERROR")
@@ -75,6 +86,18 @@ def _build_parser() -> argparse.ArgumentParser:
     est.add_argument("--fused-backward", action="store_true", help="optimizer step fused into backward")
     est.add_argument("--offload-optimizer", action="store_true", help="optimizer state and step on the host")
     est.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameters on the host")
+    est.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel ranks (heads and FFN split)")
+    est.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel ranks (layers cut into stages)")
+    est.add_argument("--schedule", type=_enum(PipelineSchedule), default=PipelineSchedule.one_f_one_b,
+                     help=f"pipeline schedule: one of {choices(PipelineSchedule)}")
+    est.add_argument("--microbatches", type=_positive_int, default=None,
+                     help="micro-batches per step through the pipeline (default: its stages)")
+    est.add_argument("--virtual-stages", type=_positive_int, default=1,
+                     help="stages per pipeline rank (interleaved-1f1b)")
+    est.add_argument("--stage-layers", type=_int_list, default=None, metavar="N,N,...",
+                     help="layers of each pipeline stage, first to last (default: as even as the layers allow)")
+    est.add_argument("--no-sequence-parallel", action="store_true",
+                     help="with --tp: norms and residuals whole on every rank")
     est.add_argument("--method", choices=["auto", "traced", "analytic"], default="auto")
     est.add_argument("--no-calibrate", action="store_true",
                      help="no short real run on this CPU, and no cuDNN workspace sized on this GPU")
@@ -85,7 +108,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_workload_args(trial)
     trial.add_argument("--set", dest="knobs", action="append", default=[], metavar="KNOB=VALUE",
                        help="a TrainingConfig knob (batch_size, num_workers, precision, compile_mode, strategy, "
-                            "nproc, pinning, ...); repeatable")
+                            "nproc, tp, pp, pinning, ...); repeatable")
     trial.add_argument("--timeout", type=float, default=600.0, help="seconds before the trial is killed (default 600)")
     trial.add_argument("--memory-cap", default=None, help="CPU: oom past this resident set, e.g. 4GiB or 500MB")
     trial.add_argument("--warmup-steps", type=_positive_int, default=3)
@@ -153,6 +176,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                                  strategy=args.strategy, checkpointing=args.checkpointing,
                                  fused_backward=args.fused_backward, offload_optimizer=args.offload_optimizer,
                                  offload_params=args.offload_params, optimizer_impl=args.optimizer_impl)
+    if args.tp > 1 or args.pp > 1:
+        return _estimate_layout(args, wargs, request)
     options = EstimateOptions(calibrate=False if args.no_calibrate else None, margin=args.margin, method=args.method)
     from rich.console import Console
 
@@ -167,6 +192,30 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         print(est.model_dump_json(indent=2))
     else:
         estimate_table(est)
+    return 0
+
+
+def _estimate_layout(args: argparse.Namespace, wargs: dict, request: Any) -> int:
+    """`advisor estimate` with --tp or --pp: per pipeline rank, on the hardware's devices (dp = the rest)."""
+    from rich.console import Console
+
+    from advisor import isolation
+    from advisor.hardware import get_hardware
+    from advisor.parallel.layout import layout_over
+    from advisor.render_layout import layout_table
+
+    hw = get_hardware(args.hardware)
+    layout = layout_over(hw.world_size, tp=args.tp, pp=args.pp, where=args.hardware, strategy=args.strategy,
+                         schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
+                         stage_layers=args.stage_layers, sequence_parallel=not args.no_sequence_parallel)
+    title = f"estimating {args.workload} on {args.hardware} ({layout.label()})"
+    with Console(stderr=True).status(title):
+        est = isolation.estimate_layout(args.workload, hw, layout, request, workload_args=wargs, margin=args.margin,
+                                        method=args.method)
+    if args.json:
+        print(est.model_dump_json(indent=2))
+    else:
+        layout_table(est)
     return 0
 
 
@@ -197,6 +246,8 @@ def _cmd_trial(args: argparse.Namespace) -> int:
                            budget=budget, estimate=not args.no_estimate)
     if args.json:
         print(result.model_dump_json(indent=2))
+    elif result.status == TrialStatus.invalid:  # refused before launching: a user's mistake, one line
+        print(f"advisor trial: error: {result.error}", file=sys.stderr)
     else:
         trial_table(result)
     if result.status == TrialStatus.invalid:

@@ -56,11 +56,16 @@ def export(config: TrainingConfig, workload_spec: str, workload_args: dict[str, 
     """`config` for `workload_spec` (a preset name or file.py:build) as `fmt`: json, python or torchrun.
 
     The Python script loads the workload (to know whether it brings a Dataset), so a user's
-    workload file is imported here, as `advisor tune` did.
+    workload file is imported here, as `advisor tune` did. The script and its launch command run
+    data parallel only: SpecError for a config with tp or pp > 1 (its JSON holds every knob).
     """
+    from advisor.export_python import check_data_parallel
+
     args = dict(workload_args or {})
     if fmt == "json":
         return export_json(config, workload_spec, args)
+    if fmt in ("python", "torchrun"):
+        check_data_parallel(config)
     if fmt == "torchrun":
         return torchrun_command(config, script, numa_node=numa_node)
     if fmt == "python":

@@ -4,6 +4,7 @@ TrainingConfig, that a user runs as is (on the advisor's workload) or pastes fro
 from __future__ import annotations
 
 from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.errors import SpecError
 from advisor.trial import GLOO_EXIT_PAUSE_S, CompileMode, Pinning, TrainingConfig
 
 _OPTIMIZERS = {
@@ -196,8 +197,18 @@ def _loop(c: TrainingConfig) -> list[str]:
     return out
 
 
+def check_data_parallel(config: TrainingConfig) -> None:
+    """SpecError where `config` splits the model (tp or pp > 1), which the script cannot do: it runs every
+    rank on the whole model, so it would train another configuration than the one chosen."""
+    if config.layout().parallel:
+        raise SpecError(f"the exported script runs data parallel only, and this configuration splits the model "
+                        f"(tp {config.tp}, pp {config.pp}); export it as json, or a trial with tp = pp = 1")
+
+
 def python_script(config: TrainingConfig, workload_spec: str, workload_args: dict, *, has_dataset: bool) -> str:
-    """The whole script for `config`; `has_dataset`: the workload brings a Dataset (else make_batch)."""
+    """The whole script for `config`; `has_dataset`: the workload brings a Dataset (else make_batch).
+    SpecError for a config with tp or pp > 1 (check_data_parallel)."""
+    check_data_parallel(config)
     parts = [_header(config, workload_spec, workload_args), _process(config), _model(config), _optimizer(config),
              _compile_and_scaler(config), _data(config, has_dataset), _to_device(config), _loop(config)]
     return "\n".join(line for part in parts for line in part) + "\n"

@@ -162,6 +162,8 @@ def trial_table(result) -> None:
         table.add_row("timed", f"{result.measured_steps} steps in {result.measured_s:.1f} s "
                                f"(warm-up {result.warmup_s:.1f} s, overhead {result.overhead_s:.1f} s)")
     console.print(table)
+    if result.ranks:  # piped: wide enough that no column is cut
+        (console if console.is_terminal else Console(width=120)).print(rank_table(result))
     if result.bottleneck:
         console.print(f"bottleneck: [bold]{result.bottleneck.verdict}[/bold]: {result.bottleneck.reason}")
     if result.error:
@@ -170,6 +172,33 @@ def trial_table(result) -> None:
         console.print(Text(f"{result.status.value}: ", style="red") + Text(result.error))
     for note in result.notes:
         console.print(f"note: {note}")
+
+
+def rank_table(result):  # noqa: ANN201 - a rich Table
+    """Every rank of a tp/pp trial: its place in the mesh, its peak beside the per-rank estimate, and the payload
+    bytes its collectives moved per optimizer step by kind (the estimate's in brackets)."""
+    from rich.table import Table
+
+    cuda = result.config.device == "cuda"
+    table = Table(title="per rank (estimates in brackets)")
+    for col in ("rank", "pp/dp/tp", "peak reserved" if cuda else "peak rss", *(["allocated"] if cuda else []),
+                "est. live", "est. total", "comm per step"):
+        table.add_column(col, justify="left" if col == "comm per step" else "right")
+    for r in result.ranks:
+        peak = r.peak.cuda_reserved_bytes if cuda else r.peak.cpu_rss_bytes
+        predicted = r.predicted_comm_bytes
+        comm = [f"{k} {human_bytes(r.comm_bytes.get(k, 0))}"
+                + (f" ({human_bytes(predicted.get(k, 0))})" if predicted is not None else "")
+                for k in sorted({*r.comm_bytes, *(predicted or {})})]
+        table.add_row(str(r.rank), "/".join(str(r.coords.get(d, "-")) for d in ("pp", "dp", "tp")), _or_dash(peak),
+                      *([_or_dash(r.peak.cuda_allocated_bytes)] if cuda else []),
+                      _or_dash(r.predicted_allocated_bytes), _or_dash(r.predicted_total_bytes),
+                      "\n".join(comm) or "-")
+    return table
+
+
+def _or_dash(n: int | None) -> str:
+    return "-" if n is None else human_bytes(n)
 
 
 def bench_tables(result: "BenchResult", cpu_peaks: dict[str, float] | None = None) -> None:

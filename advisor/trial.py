@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.parallel.layout import Layout, PipelineSchedule, layout_problems, structural_problems
 
 if TYPE_CHECKING:
     from advisor.hardware.spec import HardwareSpec
-    from advisor.workload import Workload
+    from advisor.workload import Workload, WorkloadInfo
 
 # How long a process leaving a gloo group hands the GIL to gloo's workers (s): a worker frees each finished
 # collective under the GIL, and one still waiting for it at interpreter shutdown is ended mid-free (SIGABRT at
@@ -45,8 +46,10 @@ class TrainingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Where the model trains.")
-    batch_size: int = Field(default=8, gt=0, description="Micro-batch per process (samples).")
-    grad_accum: int = Field(default=1, ge=1, description="Micro-batches per optimizer step.")
+    batch_size: int = Field(default=8, gt=0, description="Micro-batch per process (samples); with tp, per "
+                            "data-parallel replica (its tp ranks read the same samples); with pp, the step's samples "
+                            "per data-parallel replica, split into `microbatches` micro-batches.")
+    grad_accum: int = Field(default=1, ge=1, description="Micro-batches per optimizer step (1 with tp or pp).")
     num_workers: int = Field(default=0, ge=0, description="DataLoader worker processes per rank.")
     pin_memory: bool = Field(default=False, description="DataLoader returns page-locked batches (CUDA only).")
     prefetch_factor: int | None = Field(default=None, ge=1, description="Batches loaded ahead per worker.")
@@ -62,7 +65,16 @@ class TrainingConfig(BaseModel):
     channels_last: bool = Field(default=False, description="NHWC memory format for the model and 4-D inputs.")
     strategy: Strategy = Field(
         default=Strategy.single, description="single, ddp, zero1 (DDP + sharded optimizer), zero2/zero3 (FSDP2).")
-    nproc: int = Field(default=1, ge=1, description="Processes (one per device).")
+    nproc: int = Field(default=1, ge=1, description="Processes (one per device): dp x tp x pp.")
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel ranks: each layer's heads and FFN split across them.")
+    pp: int = Field(default=1, ge=1, description="Pipeline ranks: the layers cut into consecutive stages.")
+    pp_schedule: PipelineSchedule = Field(default=PipelineSchedule.one_f_one_b, description="Pipeline schedule: "
+                                          "gpipe, 1f1b or interleaved-1f1b (with virtual_stages >= 2).")
+    microbatches: int | None = Field(default=None, ge=1, description="Micro-batches per step through the pipeline; "
+                                     "None: pp x virtual_stages.")
+    virtual_stages: int = Field(default=1, ge=1, description="Pipeline stages per pp rank (interleaved-1f1b).")
+    sequence_parallel: bool = Field(default=True, description="With tp: norms and residuals sharded along the "
+                                    "sequence between tensor-parallel regions.")
     pinning: Pinning = Pinning.none
     cpu_list: str | None = Field(default=None, description="pinning=cpus: a cpulist such as '0-3,8'.")
     threads: int | None = Field(default=None, gt=0, description="Intra-op threads per process (None: torch's default).")
@@ -74,23 +86,32 @@ class TrainingConfig(BaseModel):
             raise ValueError("; ".join(problems))
         return self
 
+    def layout(self) -> Layout:
+        """How the nproc ranks split the work: dp = nproc / (tp x pp) replicas held by `strategy`, tp, pp."""
+        return Layout(**_layout_fields(self))
+
     def changes(self) -> dict[str, Any]:
         """The knobs that differ from PyTorch's defaults (for compact display)."""
         base = TrainingConfig(device=self.device, batch_size=self.batch_size)
         return {k: v for k, v in self.model_dump(mode="json").items() if getattr(base, k) != getattr(self, k)}
 
 
+def _layout_fields(c: TrainingConfig) -> dict[str, Any]:
+    return dict(dp=c.nproc // (c.tp * c.pp), tp=c.tp, pp=c.pp, strategy=c.strategy, schedule=c.pp_schedule,
+                microbatches=c.microbatches, virtual_stages=c.virtual_stages, sequence_parallel=c.sequence_parallel)
+
+
 def _structural_problems(c: TrainingConfig) -> list[str]:
-    out = []
+    out = _parallel_problems(c) if c.tp * c.pp > 1 else []
     if c.num_workers == 0 and c.prefetch_factor is not None:
         out.append("prefetch_factor needs num_workers >= 1")
     if c.num_workers == 0 and c.persistent_workers:
         out.append("persistent_workers needs num_workers >= 1")
     if (c.pinning == Pinning.cpus) != (c.cpu_list is not None):
         out.append("cpu_list is given exactly when pinning is 'cpus'")
-    if c.strategy == Strategy.single and c.nproc != 1:
+    if c.tp * c.pp == 1 and c.strategy == Strategy.single and c.nproc != 1:
         out.append(f"strategy single runs 1 process, not {c.nproc}; use ddp, zero1, zero2 or zero3 for more")
-    if c.strategy != Strategy.single and c.nproc < 2:
+    if c.tp * c.pp == 1 and c.strategy != Strategy.single and c.nproc < 2:
         out.append(f"strategy {c.strategy.value} needs nproc >= 2")
     if c.fused_backward and c.grad_accum > 1:
         out.append("fused_backward steps in every backward, so it cannot accumulate gradients (grad_accum must be 1)")
@@ -102,11 +123,38 @@ def _structural_problems(c: TrainingConfig) -> list[str]:
         out.append("fused_backward runs with strategy single only")
     if c.optimizer == OptimizerKind.rowwise_adagrad and c.optimizer_impl is not None:
         out.append("rowwise-adagrad has one implementation; leave optimizer_impl unset")
+    pipeline_knobs = [k for k in ("pp_schedule", "microbatches", "virtual_stages")
+                      if getattr(c, k) != TrainingConfig.model_fields[k].default]
+    if c.pp == 1 and pipeline_knobs:
+        out.append(f"pipeline knob(s) {', '.join(pipeline_knobs)} need pp > 1; set pp or leave them unset")
     return out
 
 
-def inapplicable(config: TrainingConfig, hardware: "HardwareSpec", workload: "Workload | None" = None) -> str | None:
-    """Why `config` cannot run on `hardware` (one line), or None when it can."""
+def _parallel_problems(c: TrainingConfig) -> list[str]:
+    """With tp or pp > 1: the mesh, the layout's own rules, and the knobs a tp/pp rank program does not run."""
+    ranks = c.tp * c.pp
+    if c.nproc % ranks:
+        return [f"nproc {c.nproc} is not a multiple of tp x pp = {ranks}; give nproc = dp x {ranks} "
+                "(dp: data-parallel replicas, 1 or more)"]
+    # Unvalidated: each field was checked here already, and its rules are reported below, one line each.
+    out = structural_problems(Layout.model_construct(**_layout_fields(c)))
+    if c.fused_backward:
+        out.append("fused_backward runs with tp = pp = 1 only: a tp/pp rank steps its optimizer after backward")
+    if c.compile_mode != CompileMode.none:
+        out.append(f"compile_mode {c.compile_mode.value} is not applied to tp/pp rank programs; "
+                   "use compile_mode none with tp or pp > 1")
+    if c.grad_accum > 1:
+        out.append(f"grad_accum {c.grad_accum} runs with tp = pp = 1 only: a tp/pp step is one optimizer step; "
+                   "raise batch_size instead (with pp, it is split into micro-batches)")
+    if c.pp > 1 and c.precision == Precision.fp16:
+        out.append("fp16 with pp is not supported (its loss scaler would need every stage's inf check); use bf16")
+    return out
+
+
+def inapplicable(config: TrainingConfig, hardware: "HardwareSpec",
+                 workload: "Workload | WorkloadInfo | None" = None) -> str | None:
+    """Why `config` cannot run on `hardware` (one line), or None when it can. With `workload`, also why its
+    model cannot take the config's tp/pp layout (heads tp does not divide, more stages than layers, ...)."""
     acc = hardware.accelerator
     if config.device != hardware.device_type:
         return f"device {config.device} does not match the hardware {acc.name} ({hardware.device_type})"
@@ -128,6 +176,10 @@ def inapplicable(config: TrainingConfig, hardware: "HardwareSpec", workload: "Wo
         return f"{acc.name} does not support bf16"
     if config.channels_last and workload is not None and not workload.conv_net:
         return f"channels_last applies to convolutional nets; {workload.name} is not one"
+    if workload is not None and config.tp * config.pp > 1:
+        problems = layout_problems(config.layout(), world=config.nproc, decoder=workload.decoder,
+                                   model_name=workload.name, batch_size=config.batch_size)
+        return problems[0] if problems else None
     return None
 
 
@@ -203,6 +255,24 @@ class PeakMemory(BaseModel):
     cpu_rss_bytes: int | None = Field(default=None, description="Peak RSS over RSS before build_model (bytes).")
     cuda_allocated_bytes: int | None = Field(default=None, description="torch.cuda.max_memory_allocated (bytes).")
     cuda_reserved_bytes: int | None = Field(default=None, description="torch.cuda.max_memory_reserved (bytes).")
+
+
+class RankFigures(BaseModel):
+    """One rank of a tensor- or pipeline-parallel trial: where it sits in the mesh, what it measured, and what
+    the per-rank estimate (advisor.estimate.parallel) said of it; None where no estimate was made."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(ge=0)
+    coords: dict[str, int] = Field(description="The rank's index along pp, dp and tp.")
+    peak: PeakMemory = Field(description="This rank's measured peaks.")
+    comm_bytes: dict[str, int] = Field(
+        default_factory=dict, description="Payload bytes per optimizer step by collective kind "
+        "(advisor/parallel/comm.py), counted over one warm-up step.")
+    predicted_allocated_bytes: int | None = Field(default=None, description="Estimated peak of live tensors (bytes).")
+    predicted_total_bytes: int | None = Field(default=None, description="Estimated device memory (bytes).")
+    predicted_comm_bytes: dict[str, int] | None = Field(
+        default=None, description="Estimated payload bytes per optimizer step by collective kind.")
 
 
 class Bottleneck(BaseModel):
@@ -287,7 +357,10 @@ class TrialResult(BaseModel):
         description="Part of overhead_s: building, wrapping and compiling-wrapping the model, and the optimizer (s).")
     notes: list[str] = Field(default_factory=list)
     rank_digests: list[str] = Field(
-        default_factory=list, description="Per rank: a hash of the parameters after the last step.")
+        default_factory=list, description="Per rank: a hash of the parameters after the last step (data-parallel "
+        "trials: ranks must agree; none for tp/pp ranks, which hold different shards and stages).")
+    ranks: list[RankFigures] | None = Field(
+        default=None, description="Tensor- or pipeline-parallel trials: every rank's figures, in rank order.")
 
     @property
     def ok(self) -> bool:

@@ -10,30 +10,42 @@ import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advisor.errors import SpecError, WorkloadError
 
 
 class DecoderArch(BaseModel):
-    """Shape of a decoder-only transformer, for the analytic estimator (Korthikanti et al. 2022)."""
+    """Shape of a decoder-only transformer: what advisor.presets.decoders.Decoder builds and the analytic
+    estimator counts (Korthikanti et al. 2022). Sizes are element counts; heads must divide hidden and
+    kv_heads must divide heads."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     layers: int = Field(gt=0)
     hidden: int = Field(gt=0, description="Model width d_model.")
-    heads: int = Field(gt=0)
+    heads: int = Field(gt=0, description="Query heads; head dim = hidden / heads.")
     kv_heads: int = Field(gt=0, description="Key/value heads (grouped-query attention); = heads for MHA.")
     ffn_hidden: int = Field(gt=0, description="Width of the feed-forward inner layer.")
     vocab: int = Field(gt=0)
-    seq_len: int = Field(gt=0, description="Tokens per sample.")
-    gated_ffn: bool = Field(description="SwiGLU (three matrices) instead of a two-matrix MLP.")
-    norm: str = Field(description="'layernorm' or 'rmsnorm'.")
-    tied_embeddings: bool = False
+    seq_len: int = Field(gt=0, description="Tokens per sample (and the learned position table's length).")
+    gated_ffn: bool = Field(description="SwiGLU (three matrices, no biases) instead of a two-matrix GELU MLP.")
+    norm: Literal["layernorm", "rmsnorm"] = Field(description="LayerNorm (weight and bias) or RMSNorm (weight).")
+    tied_embeddings: bool = Field(default=False, description="The output projection is the token embedding.")
     learned_positions: bool = Field(default=False, description="GPT-2 style position table (else RoPE).")
-    bias: bool = True
+    bias: bool = Field(default=True, description="Biases on q, k, v, o and the GELU MLP (never on SwiGLU).")
+    rope_theta: float = Field(default=500_000.0, gt=0, description="RoPE base (Llama 3); unused with learned "
+                              "positions.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "DecoderArch":
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
+        return self
 
 
 class Workload(BaseModel):

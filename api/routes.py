@@ -13,6 +13,7 @@ from fastapi.responses import FileResponse, PlainTextResponse
 from pydantic import ValidationError
 
 from advisor.estimate import MemoryEstimate
+from advisor.estimate.parallel import LayoutEstimate
 from advisor.store.records import (
     JOB_STATUSES,
     SORTABLE,
@@ -31,6 +32,7 @@ from api.schemas import (
     HardwareItem,
     Job,
     JobAccepted,
+    LayoutEstimateRequest,
     Page,
     Progress,
     RecommendRequest,
@@ -141,6 +143,29 @@ def estimate(body: EstimateRequest, request: Request) -> MemoryEstimate:
     options = estimator.EstimateOptions(calibrate="kept", margin=body.margin)
     return isolation.estimate(body.workload, body.hardware, knobs, options, workload_args=body.workload_args,
                               timeout_s=state.settings.api_estimate_timeout_s, pool=state.pool)
+
+
+@v1.post("/estimate/layout", tags=["advice"], responses=WORKLOAD_ERRORS)
+def estimate_layout(body: LayoutEstimateRequest, request: Request) -> LayoutEstimate:
+    """Per-device memory of a parallel layout, one figure per pipeline rank (its stages: the first holds the
+    embedding, the last the head and the loss), with each rank's collective bytes per step by kind. The workload
+    is traced (one rank of each pipeline stage, under a fake process group) in an isolated worker."""
+    import advisor.estimate as estimator
+    from advisor import isolation
+    from advisor.hardware import get_hardware
+    from advisor.parallel.layout import layout_over
+
+    state = _state(request)
+    check_workload(body.workload, state.settings)
+    hw = get_hardware(body.hardware)
+    layout = layout_over(hw.world_size, tp=body.tp, pp=body.pp, where=body.hardware, strategy=body.strategy,
+                         schedule=body.schedule, microbatches=body.microbatches, virtual_stages=body.virtual_stages,
+                         sequence_parallel=body.sequence_parallel)
+    knobs = estimator.EstimateRequest.of(body.batch_size, precision=body.precision, optimizer=body.optimizer,
+                                         checkpointing=body.checkpointing, optimizer_impl=body.optimizer_impl)
+    return isolation.estimate_layout(body.workload, hw, layout, knobs, workload_args=body.workload_args,
+                                     margin=body.margin, timeout_s=state.settings.api_estimate_timeout_s,
+                                     pool=state.pool)
 
 
 @v1.post("/recommend", tags=["advice"], response_model=RecommendResponse, responses=WORKLOAD_ERRORS)

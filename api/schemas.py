@@ -14,6 +14,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.parallel.layout import PipelineSchedule
 from advisor.recommend import Recommendation
 from advisor.store.records import JOB_STATUSES
 from advisor.tune.request import Sampler
@@ -104,6 +105,31 @@ class EstimateRequest(WorkloadRef):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"workload": "gpt2-small", "hardware": "h100-sxm", "batch_size": 8, "precision": "bf16"}]})
+
+
+class LayoutEstimateRequest(WorkloadRef):
+    """An estimate of a parallel layout: tp x pp ranks, data parallel over the rest of the hardware's devices."""
+
+    hardware: str = Field(min_length=1, max_length=100, description="Catalog name[:devices[xnodes]] or 'cpu:N'.",
+                          examples=["h100-sxm:16"])
+    tp: int = Field(default=1, ge=1, le=1024, description="Tensor-parallel ranks.")
+    pp: int = Field(default=1, ge=1, le=1024, description="Pipeline-parallel ranks.")
+    strategy: Strategy = Field(default=Strategy.single, description="The data-parallel part (over the other devices).")
+    schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
+    microbatches: int | None = Field(default=None, ge=1, le=100_000)
+    virtual_stages: int = Field(default=1, ge=1, le=64)
+    sequence_parallel: bool = True
+    batch_size: int | None = Field(default=None, gt=0, le=1_000_000,
+                                   description="Samples per data-parallel replica per step; default the workload's.")
+    precision: Precision = Precision.fp32
+    optimizer: OptimizerKind = OptimizerKind.adamw
+    optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = None
+    checkpointing: bool = False
+    margin: float | None = Field(default=None, ge=0, lt=1, description="Fraction of device memory kept free.")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"workload": "llama-8b", "hardware": "h100-sxm:16", "tp": 4, "pp": 2, "strategy": "zero3", "batch_size": 8,
+         "precision": "bf16"}]})
 
 
 class RecommendRequest(WorkloadRef):

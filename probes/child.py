@@ -52,6 +52,11 @@ class ChildReport(BaseModel):
     op_overhead_s: float | None = None
     environment: Environment | None = None
     digest: str | None = None
+    coords: dict[str, int] | None = Field(default=None, description="tp/pp trials: the rank's index along pp, dp "
+                                          "and tp.")
+    comm_bytes: dict[str, int] | None = Field(
+        default=None, description="tp/pp trials: payload bytes per optimizer step by collective kind "
+        "(advisor/parallel/comm.py), counted over the last warm-up step.")
     notes: list[str] = Field(default_factory=list)
     compiled_graphs: int | None = Field(default=None, description="Graphs dynamo captured and inductor compiled.")
     marks: dict[str, float] = Field(default_factory=dict,
@@ -102,7 +107,6 @@ class _Stepper:
 
     def step(self, mode: Any = None) -> tuple[float, float]:
         """One optimizer step; returns (wall s, s spent waiting for batches)."""
-        from advisor.training import train_step
         from probes.loader import to_device
 
         c = self.config
@@ -112,11 +116,25 @@ class _Stepper:
             t = time.perf_counter()
             batch = to_device(next(self.batches), self.device, non_blocking=c.pin_memory, channels_last=c.channels_last)
             data_s += time.perf_counter() - t
-            last = micro == c.grad_accum - 1
-            with _grad_sync(self.ctx.model, last), (mode if mode is not None else nullcontext()):
-                train_step(self.ctx, batch, loss_scale=1.0 / c.grad_accum, step=last)
+            with mode if mode is not None else nullcontext():
+                self._train(batch, micro == c.grad_accum - 1)
         self._sync()
         return time.perf_counter() - t0, data_s
+
+    def _train(self, batch: Any, last: bool) -> None:
+        """Forward and backward of one micro-batch; the optimizer steps after the `last` one."""
+        from advisor.training import train_step
+
+        with _grad_sync(self.ctx.model, last):
+            train_step(self.ctx, batch, loss_scale=1.0 / self.config.grad_accum, step=last)
+
+
+class _ProgramStepper(_Stepper):
+    """Steps a tp/pp rank's program (advisor/parallel/program.py): one batch per optimizer step (grad_accum is
+    1 there), which a pipeline splits into its micro-batches itself."""
+
+    def _train(self, batch: Any, last: bool) -> None:
+        self.ctx.step(batch)
 
 
 def _op_overhead_s(device: str, n: int = 2000) -> float:
@@ -241,7 +259,7 @@ def run(req: ChildRequest) -> ChildReport:
 
     marks = {"start": time.time()}
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    c = req.config
+    c, layout = req.config, req.config.layout()
     (info, plan), notes = _setup(req, rank, local_rank)
     marks["setup"] = time.time()
     world = info.world_size if info is not None else 1
@@ -254,25 +272,16 @@ def run(req: ChildRequest) -> ChildReport:
         torch.cuda.reset_peak_memory_stats()
     mark_peak()  # a forked child starts from its fork server's peak (advisor/procmem.py)
     base_rss = current_rss()  # docs/design.md: the resident set just before build_model()
-    ctx = _make_context(workload, c, device, info)
+    program = _make_program(workload, c, device, rank) if layout.parallel else None
+    ctx = program if program is not None else _make_context(workload, c, device, info)
     marks["built"] = time.time()
-    init_fn = None
-    if plan is not None:
-        from probes.pinning import worker_init_fn
-
-        init_fn = worker_init_fn(plan)
-    loader = build_loader(workload, c, rank=rank, world_size=world, worker_init_fn=init_fn)
-    stepper = _Stepper(ctx, cycle(loader), c, device)
+    # tp ranks of one replica read the same samples: the loader shards by data-parallel rank, not global rank
+    shard, shards = (program.coords["dp"], layout.dp) if program is not None else (rank, world)
+    loader = build_loader(workload, c, rank=shard, world_size=shards, worker_init_fn=_worker_init(plan))
+    stepper = (_ProgramStepper if program is not None else _Stepper)(ctx, cycle(loader), c, device)
     marks["loader"] = time.time()
-    # Warm-up (excluded from timing); in eager runs the last warm-up step also counts the ops.
-    warmup = [stepper.step()[0] for _ in range(req.budget.warmup_steps - 1)]
-    ops = None
-    if req.count_ops and c.compile_mode == CompileMode.none:
-        t = time.perf_counter()
-        ops = _count_ops(stepper)
-        warmup.append(time.perf_counter() - t)
-    else:
-        warmup.append(stepper.step()[0])
+    counter = _comm_counter() if program is not None else None
+    warmup, ops = _warm_up(stepper, req, counter)
     marks["warm"] = time.time()
     steps, waits = _timed(stepper, req.budget)
     marks["timed"] = time.time()
@@ -286,15 +295,56 @@ def run(req: ChildRequest) -> ChildReport:
 
         graphs = int(counters["stats"]["unique_graphs"])
     digest = None
-    if info is not None:
+    if info is not None and program is None:  # tp/pp ranks hold different shards and stages: nothing to agree on
         from probes.parallel import param_digest
 
         digest = param_digest(getattr(ctx.model, "_orig_mod", ctx.model))
     return ChildReport(status=TrialStatus.ok, rank=rank, world_size=world, warmup_times=warmup, step_times=steps,
-                       data_times=waits, samples_per_step=c.batch_size * c.grad_accum * world, peak=peak,
+                       data_times=waits, samples_per_step=c.batch_size * c.grad_accum * shards, peak=peak,
                        ops_per_step=ops, op_overhead_s=_op_overhead_s(device) if ops is not None else None,
                        environment=environment(device), digest=digest, notes=notes, marks=marks,
-                       compiled_graphs=graphs)
+                       compiled_graphs=graphs, coords=program.coords if program is not None else None,
+                       comm_bytes=counter.per_step(1) if counter is not None else None)
+
+
+def _make_program(workload: Any, c: TrainingConfig, device: str, rank: int) -> Any:
+    """This rank's part of a tp/pp run (advisor/parallel/program.py), in the trial's process group."""
+    import torch
+
+    from advisor.parallel.program import build_program
+
+    return build_program(workload, c.layout(), rank=rank, device_type=c.device, device=torch.device(device),
+                         precision=c.precision, optimizer=c.optimizer, optimizer_impl=c.optimizer_impl,
+                         checkpointing=c.checkpointing, batch_size=c.batch_size)
+
+
+def _worker_init(plan: Any) -> Any:
+    if plan is None:
+        return None
+    from probes.pinning import worker_init_fn
+
+    return worker_init_fn(plan)
+
+
+def _comm_counter() -> Any:
+    from advisor.parallel.comm import CommCounter
+
+    return CommCounter()
+
+
+def _warm_up(stepper: _Stepper, req: ChildRequest, counter: Any) -> tuple[list[float], int | None]:
+    """Warm-up steps (excluded from timing): their times, and the ops the last one dispatched (eager runs; else
+    None). With `counter`, the last also counts its collectives' bytes: one optimizer step's."""
+    warmup = [stepper.step()[0] for _ in range(req.budget.warmup_steps - 1)]
+    ops = None
+    t = time.perf_counter()
+    with counter.mode() if counter is not None else nullcontext():
+        if req.count_ops and req.config.compile_mode == CompileMode.none:
+            ops = _count_ops(stepper)
+        else:
+            stepper.step()
+    warmup.append(time.perf_counter() - t)
+    return warmup, ops
 
 
 def _failure(exc: BaseException, rank: int) -> ChildReport:

@@ -26,6 +26,7 @@ from advisor.hardware.spec import HardwareSpec
 from advisor.procmem import group_pss
 from advisor.trial import (
     CompileMode,
+    RankFigures,
     TrainingConfig,
     TrialBudget,
     TrialResult,
@@ -155,18 +156,51 @@ def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: 
     from advisor.estimate import EstimateOptions, EstimateRequest
 
     hw = trial_hardware(hw, config)
-    try:
+
+    def made() -> Any:
         request = EstimateRequest.of(config.batch_size, precision=config.precision, optimizer=config.optimizer,
                                      strategy=config.strategy, checkpointing=config.checkpointing,
                                      fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
         options = EstimateOptions(calibrate=False, compile_mode=config.compile_mode.value, exact_largest=False)
         return isolation.estimate(workload, hw, request, options, workload_args=wargs, timeout_s=timeout_s,
-                                  memory_cap_bytes=memory_cap_bytes), None
+                                  memory_cap_bytes=memory_cap_bytes)
+
+    return _or_why("estimate", made)
+
+
+def _estimate_ranks(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: HardwareSpec,
+                    timeout_s: float | None = None, memory_cap_bytes: int | None = None) -> tuple[Any, str | None]:
+    """The per-rank estimate (advisor.estimate.parallel's LayoutEstimate) of a tp/pp config on the trial's devices,
+    made in an isolated worker before the ranks start, as `_estimate` makes its; or None and why there is none."""
+    from advisor.trial import estimate_request
+
+    return _or_why("per-rank estimate", lambda: isolation.estimate_layout(
+        workload, trial_hardware(hw, config), config.layout(), estimate_request(config), workload_args=wargs,
+        timeout_s=timeout_s, memory_cap_bytes=memory_cap_bytes))
+
+
+def _or_why(what: str, make: Any) -> tuple[Any, str | None]:
+    """(make(), None), or (None, "no <what>: why") where it fails: no estimate never loses a measurement."""
+    try:
+        return make(), None
     except AdvisorError as exc:
-        return None, f"no estimate: {exc}"
+        return None, f"no {what}: {exc}"
     except Exception as exc:  # noqa: BLE001 - an estimator bug must not lose a measurement; it is reported
-        log.exception("estimate failed")
-        return None, f"no estimate: {type(exc).__name__}: {exc}"
+        log.exception("%s failed", what)
+        return None, f"no {what}: {type(exc).__name__}: {exc}"
+
+
+def rank_figures(reports: list[ChildReport | None], estimate: Any) -> list[RankFigures]:
+    """Each rank's measured figures beside what `estimate` (a LayoutEstimate, or None) predicted for it."""
+    out = []
+    for rep in reports:
+        assert rep is not None and rep.peak is not None  # the caller checked every rank reported ok
+        pred = estimate.for_rank(rep.rank) if estimate is not None else None
+        out.append(RankFigures(rank=rep.rank, coords=rep.coords or {}, peak=rep.peak, comm_bytes=rep.comm_bytes or {},
+                               predicted_allocated_bytes=pred.allocated_bytes if pred is not None else None,
+                               predicted_total_bytes=pred.total_bytes if pred is not None else None,
+                               predicted_comm_bytes=dict(pred.comm_bytes) if pred is not None else None))
+    return out
 
 
 def _cpu_busy(interval_s: float = 0.25) -> float:
@@ -232,11 +266,13 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
                            hardware=_hardware_name(hw, config), config=config, wall_s=time.monotonic() - t0)
     base = dict(workload=wl.name, hardware=_hardware_name(hw, config), config=config)
     reason = inapplicable(config, hw, wl)
-    if reason is None and config.nproc > 1:
+    layout = config.layout()
+    if reason is None and layout.dp > 1:
         from probes.parallel import check_strategy
 
-        reason = check_strategy(config.strategy, config.nproc, config.device, fused_backward=config.fused_backward,
-                                optimizer_kind=config.optimizer, impl=config.optimizer_impl)
+        reason = check_strategy(config.strategy, layout.dp if layout.parallel else config.nproc, config.device,
+                                fused_backward=config.fused_backward, optimizer_kind=config.optimizer,
+                                impl=config.optimizer_impl)
     if reason:
         return TrialResult(status=TrialStatus.invalid, error=reason, wall_s=time.monotonic() - t0, **base)
     from advisor.settings import get_settings
@@ -256,7 +292,8 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
         server = get_server()  # its imports (seconds) start now, beside the estimate, where a second core takes them
         # at most half of what is left of the trial's time: the rest is the measurement's
         left = budget.timeout_s - (time.monotonic() - t0)
-        prediction, note = (_estimate(workload, wargs, config, hw, max(1.0, left / 2), budget.memory_cap_bytes)
+        predict = _estimate_ranks if layout.parallel else _estimate
+        prediction, note = (predict(workload, wargs, config, hw, max(1.0, left / 2), budget.memory_cap_bytes)
                             if estimate else (None, None))
         server.wait_ready()  # before the look for quiet, which would count its imports as others' work
         busy_note, base["others_busy"] = _settle(budget)
@@ -273,11 +310,25 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
     wall = time.monotonic() - t0
     if failure is not None:
         return TrialResult(status=failure[0], error=failure[1], wall_s=wall, notes=notes, **base)
+    if layout.parallel:
+        return _parallel_result(reports, prediction, wl, hw, config, wall, base, notes)
     result = summarize(reports, wl, hw, config, prediction, wall, base, notes)
     _record_peak(wl, hw, config, result)
     from probes.protocol import record_protocol_peak
 
     return record_protocol_peak(workload, wargs, wl, hw, config, budget, result, t0 + budget.timeout_s)
+
+
+def _parallel_result(reports: list[ChildReport | None], prediction: Any, wl: WorkloadInfo, hw: HardwareSpec,
+                     config: TrainingConfig, wall: float, base: dict[str, Any], notes: list[str]) -> TrialResult:
+    """A tp/pp trial's result: rank 0's timings (the ranks step in lockstep) and every rank's figures beside the
+    layout's per-rank estimate. Its peaks are not kept (`_record_peak`): they describe one rank of a layout, not
+    the config as the single-device estimator sees it."""
+    if prediction is not None and prediction.predicts == "cpu_allocated":
+        notes = [*notes, "the per-rank estimates are of live tensor bytes; a CPU rank's peak is its resident-set "
+                 "growth, which also holds the allocator's and the libraries' memory"]
+    ranks = rank_figures(reports, prediction)
+    return summarize(reports, wl, hw, config, None, wall, base, notes).model_copy(update={"ranks": ranks})
 
 
 def _hardware_name(hw: HardwareSpec, config: TrainingConfig) -> str:

@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advisor.hardware.spec import HardwareSpec
+from advisor.workload import DecoderArch
 
 if TYPE_CHECKING:
-    from advisor.workload import Workload
+    from advisor.workload import Workload, WorkloadInfo
 
 
 class SpaceContext(BaseModel):
     """What conditions test: the hardware, whether the model is a conv net, the devices a trial may
-    use, the workload's own batch size, and the effective batch to hold fixed (if any)."""
+    use, the workload's own batch size, and the effective batch to hold fixed (if any); and the
+    decoder shape the tp and pp values must fit (search_spaces/layout.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -29,6 +31,9 @@ class SpaceContext(BaseModel):
         default=None, description="bf16 runs faster than fp32 here: bf16 math units (CUDA tensor cores; AMX or "
         "AVX512-BF16 on x86; BF16 on Arm). None: CUDA devices that support bf16, and a probed CPU by its "
         "spec's bf16 unit (this machine's flags); a catalog CPU (not probed) is taken to have none.")
+    decoder: DecoderArch | None = Field(
+        default=None, description="The workload's decoder shape: tp must divide its heads, kv_heads and ffn, and pp "
+        "cut its layers. None: the workload is not a decoder, and tp and pp stay 1 in a search.")
 
     @model_validator(mode="after")
     def _check(self) -> "SpaceContext":
@@ -39,12 +44,13 @@ class SpaceContext(BaseModel):
         return self
 
     @classmethod
-    def for_target(cls, hardware: HardwareSpec, workload: "Workload", *, global_batch_size: int | None = None,
-                   device_count: int | None = None) -> "SpaceContext":
+    def for_target(cls, hardware: HardwareSpec, workload: "Workload | WorkloadInfo", *,
+                   global_batch_size: int | None = None, device_count: int | None = None) -> "SpaceContext":
         """The context for `workload` on `hardware`: every device of one node unless told otherwise."""
         return cls(hardware=hardware, conv_net=workload.conv_net,
                    device_count=device_count or hardware.devices_per_node,
-                   default_batch_size=workload.default_batch_size, global_batch_size=global_batch_size)
+                   default_batch_size=workload.default_batch_size, global_batch_size=global_batch_size,
+                   decoder=workload.decoder)
 
     @property
     def device(self) -> str:

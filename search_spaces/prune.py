@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.errors import EstimateError, TrialError, WorkloadFailed
+from advisor.errors import EstimateError, SpecError, TrialError, WorkloadFailed
 from advisor.hardware.spec import HardwareSpec
-from advisor.trial import TrainingConfig, trial_hardware
+from advisor.trial import TrainingConfig, estimate_request, trial_hardware
 
 if TYPE_CHECKING:
     from advisor.workload import Workload
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 GiB = 2**30
 # The knobs the memory estimate depends on; two configs equal on these share one estimate.
 MEMORY_KNOBS = ("batch_size", "precision", "optimizer", "strategy", "nproc", "checkpointing", "fused_backward",
-                "optimizer_impl", "compile_mode")  # compile_mode: measured peaks refine the estimate per mode
+                "optimizer_impl", "compile_mode",  # compile_mode: measured peaks refine the estimate per mode
+                "tp", "pp", "pp_schedule", "microbatches", "virtual_stages", "sequence_parallel")
 
 
 class Feasibility(BaseModel):
@@ -89,7 +90,8 @@ def feasibility(workload: "Workload | str", workload_args: dict[str, Any] | None
     CPU ranks share the host's memory, so there the estimate counts once per process. A case the
     estimator cannot handle, or a workload that crashes, hangs (past `timeout_s`, default the
     settings') or outgrows its memory cap while traced in its isolated worker, launches: the trial
-    measures what it does, and `reason` says why there was no estimate.
+    measures what it does, and `reason` says why there was no estimate. A tp or pp layout is estimated per
+    pipeline rank (advisor.estimate.parallel): its fullest rank against usable memory.
     """
     from advisor.peaks import default_peaks
 
@@ -108,6 +110,8 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
     from advisor import isolation
     from advisor.estimate import EstimateOptions, EstimateRequest
 
+    if config.layout().parallel:
+        return _decide_layout(workload, workload_args, hardware, config, margin, timeout_s)
     # The estimate scales by the world size the trial will have, not the whole machine.
     target = trial_hardware(hardware, config)
     request = EstimateRequest.of(config.batch_size, precision=config.precision, optimizer=config.optimizer,
@@ -131,6 +135,40 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
                   f"({est.device_memory_bytes / GiB:.2f} GiB less the margin); {largest}")
     return Feasibility(launch=launch, reason=reason, total_bytes=est.total_bytes, runtime_bytes=est.runtime_bytes,
                        usable_bytes=est.usable_bytes, max_batch_size=est.max_batch_size)
+
+
+def _decide_layout(workload: "Workload | str", workload_args: dict[str, Any] | None, hardware: HardwareSpec,
+                   config: TrainingConfig, margin: float | None, timeout_s: float | None) -> Feasibility:
+    """`_decide` for a tp/pp layout: the per-pipeline-rank estimate (advisor.estimate.parallel), its peak rank
+    against usable memory; on a CPU every rank against the one host's."""
+    from advisor import isolation
+    from advisor.estimate.parallel import estimate_layout
+
+    layout, request = config.layout(), estimate_request(config)
+    target = trial_hardware(hardware, config)
+    try:
+        if isinstance(workload, str):
+            est = isolation.estimate_layout(workload, target, layout, request, workload_args=workload_args,
+                                            margin=margin, timeout_s=timeout_s)
+        else:  # the caller's own object, estimated in the caller's process (as isolation.estimate does)
+            est = estimate_layout(workload, target, layout, request, workload_args=workload_args, margin=margin)
+    except (EstimateError, SpecError, TrialError, WorkloadFailed) as exc:
+        return Feasibility(launch=True, reason=f"no estimate of {layout.label()} ({exc}); launching to measure")
+    peak = est.peak
+    if hardware.device_type == "cpu":  # the ranks share the host's memory
+        need = sum((r.total_bytes + est.runtime_bytes) * len(r.ranks) for r in est.ranks)
+        where = f"its {layout.world} ranks on one host"
+    else:
+        need = peak.total_bytes + est.runtime_bytes
+        where = f"pipeline rank {peak.stages[0]} (ranks {', '.join(map(str, peak.ranks))}; the fullest)"
+    launch = need <= est.usable_bytes
+    if launch:
+        reason = f"fits: {need / GiB:.2f} GiB predicted on {where} of {est.usable_bytes / GiB:.2f} GiB usable"
+    else:
+        reason = (f"predicted {need / GiB:.2f} GiB on {where} exceeds {est.usable_bytes / GiB:.2f} GiB usable "
+                  f"({est.device_memory_bytes / GiB:.2f} GiB less the margin)")
+    return Feasibility(launch=launch, reason=f"{reason}; layout {layout.label()}", total_bytes=peak.total_bytes,
+                       runtime_bytes=est.runtime_bytes, usable_bytes=est.usable_bytes)
 
 
 class OomFrontier:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from advisor.config import OptimizerKind
 from advisor.errors import SpecError
 from advisor.trial import TrainingConfig
+from search_spaces import layout
 from search_spaces.context import SpaceContext
 from search_spaces.spec import BOUND, KNOBS, ORDER, Choices, Condition, Fixed, Scalar, SearchSpace, check_value
 
@@ -55,10 +56,15 @@ class Resolved:
     knob: str
     values: tuple[Scalar, ...]
     int_range: tuple[int, int, int, bool] | None = None  # low, high, step, log
+    param: str = ""  # the Optuna parameter that asks it: the knob, or layout.restricted_name
 
     @property
     def single(self) -> bool:
         return len(self.values) == 1
+
+    @property
+    def name(self) -> str:
+        return self.param or self.knob
 
 
 def _bound(bound: int | str, facts: Mapping[str, Any], knob: str) -> int:
@@ -109,6 +115,7 @@ def _restrict(res: Resolved, space: SearchSpace, context: SpaceContext, facts: M
     g = context.global_batch_size
     if res.knob == "batch_size" and g is not None:
         excluded.update({b: f"does not divide the global batch {g}" for b in res.values if g % b})
+    excluded.update(layout.excluded(res.knob, res.values, context, fixed=fixed))
     kept = tuple(v for v in res.values if v not in excluded)
     if not kept:
         reasons = "; ".join(f"{v}: {why}" for v, why in excluded.items() if v in res.values)
@@ -130,18 +137,28 @@ class Plan:
         self.gates = {k: [c for c in space.conditions if c.knob == k and c.values is None] for k in KNOBS}
 
     def pending(self, knob: str, decided: Mapping[str, Any]) -> tuple[Any, Resolved | None]:
-        """(value, None) when `knob` is settled by what is decided so far, else (None, its domain)."""
-        if knob == "nproc":
-            return (1 if decided["strategy"] == "single" else self.context.device_count), None
+        """(value, None) when `knob` is settled by what is decided so far, else (None, its domain); the value
+        is _SKIP where no value of `knob` can go with the knobs decided so far."""
         g = self.context.global_batch_size
         if knob == "grad_accum" and g is not None:
-            per_step = decided["batch_size"] * decided["nproc"]
-            return (g // per_step if g % per_step == 0 else _SKIP), None
+            # a step's samples come from the data-parallel replicas; tp and pp ranks share theirs
+            per_step = decided["batch_size"] * (decided["nproc"] // layout.ranks(decided))
+            if g % per_step or not layout.viable(knob, (g // per_step,), decided, self.context):
+                return _SKIP, None
+            return g // per_step, None
+        is_set, value = layout.settled(knob, decided, self.context)
+        if is_set:
+            return value, None
         known = {**self.facts, **decided}
         for cond in self.gates[knob]:
             if not holds(cond, known):
                 return cond.off_value, None
         domain = self.domain(knob)
+        kept = layout.viable(knob, domain.values, decided, self.context)
+        if not kept:
+            return _SKIP, None
+        if len(kept) < len(domain.values):
+            domain = Resolved(knob, kept, param=layout.restricted_name(knob, kept))
         return (domain.values[0], None) if domain.single else (None, domain)
 
     def domain(self, knob: str) -> Resolved:
@@ -163,7 +180,9 @@ class Plan:
 
 def suggest(space: SearchSpace, trial: "optuna.Trial", context: SpaceContext) -> TrainingConfig | None:
     """Ask `trial` (define-by-run) for the knobs whose conditions hold; the rest take their fixed,
-    conditional-off or derived values. None when the draw cannot reach the global batch size."""
+    conditional-off or derived values. A knob the layout decided before leaves fewer values is asked
+    under a name listing them (search_spaces/layout.py). None when the draw cannot reach the global
+    batch size, or no value of a knob goes with its layout."""
     plan = Plan(space, context)
     decided: dict[str, Any] = {}
     for knob in ORDER:
@@ -173,15 +192,16 @@ def suggest(space: SearchSpace, trial: "optuna.Trial", context: SpaceContext) ->
         if domain is not None:
             if domain.int_range is not None:
                 low, high, step, log = domain.int_range
-                value = trial.suggest_int(knob, low, high, step=step, log=log)
+                value = trial.suggest_int(domain.name, low, high, step=step, log=log)
             else:
-                value = trial.suggest_categorical(knob, list(domain.values))
+                value = trial.suggest_categorical(domain.name, list(domain.values))
         decided[knob] = value
     return plan.config(decided)
 
 
 def iter_grid(space: SearchSpace, context: SpaceContext) -> Iterator[TrainingConfig]:
-    """Every valid combination, in ORDER; knobs whose conditions fail do not branch."""
+    """Every valid combination, in ORDER; knobs whose conditions fail do not branch, nor do values the
+    layout decided before rules out."""
     plan = Plan(space, context)
 
     def expand(i: int, decided: dict[str, Any]) -> Iterator[dict[str, Any]]:

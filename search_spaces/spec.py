@@ -18,20 +18,26 @@ Scalar = Union[bool, int, float, str, None]
 
 # The order knobs are decided in. A condition may test only knobs decided before its own knob
 # (Optuna's define-by-run: a parameter's existence depends on parameters already suggested).
-# nproc is derived right after strategy; grad_accum from --global-batch-size when one is given.
+# The layout comes first (tp, pp and the pipeline's knobs), then the strategy of its data-parallel part;
+# virtual_stages is derived from the schedule, nproc right after strategy, and grad_accum from
+# --global-batch-size when one is given (search_spaces/layout.py).
 ORDER: tuple[str, ...] = (
-    "strategy", "nproc", "batch_size", "grad_accum", "num_workers", "prefetch_factor", "persistent_workers",
-    "pin_memory", "precision", "compile_mode", "optimizer", "optimizer_impl", "fused_backward",
-    "checkpointing", "channels_last", "pinning", "cpu_list", "threads",
+    "tp", "pp", "pp_schedule", "virtual_stages", "microbatches", "strategy", "nproc", "batch_size", "grad_accum",
+    "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "precision", "compile_mode", "optimizer",
+    "optimizer_impl", "fused_backward", "checkpointing", "channels_last", "pinning", "cpu_list", "threads",
 )
-DERIVED = ("nproc",)  # set from strategy and the device count, never searched
+# Set from the knobs before them and the device count, never searched: what each follows.
+DERIVED: dict[str, str] = {
+    "virtual_stages": "follows pp_schedule (2 for interleaved-1f1b, else 1)",
+    "nproc": "follows strategy, tp and pp (1 for single without tp or pp, the device count otherwise)",
+}
 KNOBS: tuple[str, ...] = tuple(k for k in ORDER if k not in DERIVED)
 # Facts about the target a condition may test (SpaceContext.facts()).
 FACTS: tuple[str, ...] = (
     "device", "device_count", "supports_bf16", "fast_bf16", "supports_fp16", "supports_tf32", "conv_net", "cpu_cores",
     "numa_nodes", "default_batch_size", "global_batch_size",
 )
-INT_KNOBS = ("batch_size", "grad_accum", "num_workers", "prefetch_factor", "threads")
+INT_KNOBS = ("batch_size", "grad_accum", "num_workers", "prefetch_factor", "threads", "tp", "pp", "microbatches")
 BOOL_KNOBS = ("pin_memory", "persistent_workers", "fused_backward", "checkpointing", "channels_last")
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in")
 BOUND = re.compile(r"^\s*([a-z_]+)\s*(?:([*/])\s*(\d+))?\s*$")
@@ -156,11 +162,9 @@ def _parse_domain(raw: Any) -> Any:
                      f"{', '.join(map(str, raw)) or 'none'}")
 
 
-
-
 def _check_domain(knob: str, raw: Any) -> Domain:
     if knob not in KNOBS:
-        hint = "; nproc follows strategy (1 for single, the device count otherwise)" if knob in DERIVED else ""
+        hint = f"; {knob} {DERIVED[knob]}" if knob in DERIVED else ""
         raise ValueError(f"unknown knob {knob!r}{hint}; knobs: {', '.join(KNOBS)}")
     domain = _parse_domain(raw)
     if isinstance(domain, Choices):

@@ -2,14 +2,18 @@
 
 Activation counts follow the method of Korthikanti et al. 2022 ("Reducing Activation
 Recomputation in Large Transformer Models", sec. 4.1: count every tensor saved for backward per
-layer), applied to our blocks (advisor/presets/layers.py), with SDPA's fused attention keeping
-no (T x T) scores. Per token and layer, in elements:
-  GPT-2 block (LayerNorm, fused QKV, GELU MLP): 2h (ln1) + 3h (q, k, v) + h (attn out) + h (proj in)
-      + 2h (ln2) + 2f (fc out, gelu out) = 9h + 2f   (= 17h for f = 4h: Korthikanti's 34 bytes at 2 B)
-  Llama block (RMSNorm, GQA + RoPE, SwiGLU): 3h (norm) + 3h (q, rotate, q_rope) + 3kv (k likewise)
-      + 2h (k, v expanded to H heads) + 2h (attn out, wo in) + 3h (norm) + 4f (w1, silu, w3, product)
-      = 13h + 3kv + 4f
-plus fp32 logits and their log-softmax (2 x T x V per sample) for the loss. Parameters, gradients
+layer), applied to our block (advisor/presets/decoders.py: DecoderBlock), with SDPA's fused attention
+keeping no (T x T) scores and returning its output in the layout wo reads (no copy). Per token and
+layer, in elements (h hidden, f ffn):
+  norms, in the residual dtype: LayerNorm 1h each (its input), RMSNorm 2h each (input, normalised x)
+  attention: n_q h (norm out, read by wq, wk, wv) + 3h (q, k, v into SDPA; k and v expanded to H heads
+      under GQA) + h (SDPA out = wo in); RoPE keeps only its (T, D) tables, shared by the layers
+  GELU MLP: n_g h (norm out, read by fc) + 2f (fc out, GELU out)
+  SwiGLU: n_s h (norm out, read by w1 and w3) + 4f (w1 out, SiLU out, w3 out, product)
+Under autocast each Linear casts its own copy of the norm output (n_q = 3, n_g = 1, n_s = 2); without it
+one tensor serves them all (n = 1). GPT-2: 2h + 6h + 2f (autocast 2h + 8h + 2f); Llama: 4h + 6h + 4f
+(autocast 4h + 9h + 4f). The norms' and SDPA's per-row statistics (at most H + 4 elements) are left out.
+Plus fp32 logits and their log-softmax (2 x T x V per sample) for the loss. Parameters, gradients
 and optimizer state are counted from the shapes (DecoderArch).
 """
 
@@ -40,12 +44,12 @@ STATE_PER_PARAM = {  # optimizer state elements per parameter (torch.optim)
 
 
 def layer_params(d: DecoderArch) -> int:
-    kv = d.kv_heads * (d.hidden // d.heads)
-    attn = d.hidden * (d.hidden + 2 * kv) + d.hidden * d.hidden
-    ffn = (3 if d.gated_ffn else 2) * d.hidden * d.ffn_hidden
-    norms = (2 if d.norm == "rmsnorm" else 4) * d.hidden
-    biases = (3 * d.hidden + d.hidden + d.ffn_hidden + d.hidden) if d.bias else 0
-    return attn + ffn + norms + biases
+    """Parameters of one DecoderBlock: wq, wk, wv, wo (biases where d.bias), the FFN, two norms."""
+    h, f, kv = d.hidden, d.ffn_hidden, d.kv_heads * (d.hidden // d.heads)
+    attn = h * (h + 2 * kv) + h * h + ((h + 2 * kv + h) if d.bias else 0)
+    ffn = 3 * h * f if d.gated_ffn else 2 * h * f + ((f + h) if d.bias else 0)  # SwiGLU has no biases
+    norms = 2 * (h if d.norm == "rmsnorm" else 2 * h)  # LayerNorm: weight and bias
+    return attn + ffn + norms
 
 
 def decoder_param_count(d: DecoderArch) -> int:
@@ -55,13 +59,14 @@ def decoder_param_count(d: DecoderArch) -> int:
     return d.layers * layer_params(d) + emb + pos + final_norm
 
 
-def activation_elements_per_token(d: DecoderArch) -> tuple[int, int]:
-    """(elements kept in the residual dtype (fp32 under autocast), elements in the compute dtype)."""
+def activation_elements_per_token(d: DecoderArch, autocast: bool = False) -> tuple[int, int]:
+    """(elements kept in the residual dtype (fp32 under autocast), elements in the compute dtype) per token
+    and layer (module docstring); `autocast` counts the copy of a norm's output that each Linear casts."""
     h, f = d.hidden, d.ffn_hidden
-    kv = d.kv_heads * (h // d.heads)
-    if d.gated_ffn:
-        return 2 * h, 11 * h + 3 * kv + 4 * f
-    return 2 * h, 7 * h + 2 * f
+    norms = 2 * (2 * h if d.norm == "rmsnorm" else h)
+    attn = (3 if autocast else 1) * h + 3 * h + h
+    ffn = (2 if autocast else 1) * h + 4 * f if d.gated_ffn else h + 2 * f
+    return norms, attn + ffn
 
 
 def analytic_trace(wl: Workload, batch: int, req: EstimateRequest) -> Trace:
@@ -74,7 +79,7 @@ def analytic_trace(wl: Workload, batch: int, req: EstimateRequest) -> Trace:
     p_bytes = 2 if pure else 4
     compute_bytes = 2 if req.precision in (Precision.bf16, Precision.fp16, Precision.bf16_pure) else 4
     tokens = batch * d.seq_len
-    resid, comp = activation_elements_per_token(d)
+    resid, comp = activation_elements_per_token(d, autocast=req.precision in (Precision.bf16, Precision.fp16))
     per_layer = tokens * (resid * (2 if pure else 4) + comp * compute_bytes)
     checkpoints = d.layers * tokens * d.hidden * 4 if req.checkpointing else 0
     acts = d.layers * (0 if req.checkpointing else per_layer) + checkpoints

@@ -3,6 +3,7 @@ correction: CTC loss, outputs the kernel aliases, and autograd's in-place accumu
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from advisor.errors import EstimateError
@@ -94,3 +95,25 @@ def accumulates_in_place(args: tuple) -> bool:
     st = old.untyped_storage()
     # st's own Python object holds one reference, the tensor another: more is another tensor on it
     return torch._C._storage_Use_Count(st._cdata) == 2
+
+
+def coo_bytes(t: Any, entries: int) -> tuple[int, int]:
+    """The bytes of sparse COO `t`'s index and value tensors were they to hold `entries` entries."""
+    values = t._values()
+    return (t.sparse_dim() * entries * t._indices().element_size(),
+            entries * math.prod(values.shape[1:]) * values.element_size())
+
+
+def sparse_parts(t: Any) -> list[Any]:
+    """The dense tensors that hold a sparse tensor's memory: COO's indices and values; a compressed layout's
+    (CSR, CSC, BSR, BSC) row or column pointers, its indices and values. A graph network's adjacency is
+    commonly one (torch.sparse.mm), and its size is theirs."""
+    import torch
+
+    if t.layout == torch.sparse_coo:
+        return [t._indices(), t._values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [t.ccol_indices(), t.row_indices(), t.values()]
+    return []

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import warnings
 import weakref
@@ -26,7 +25,7 @@ from advisor.estimate.fake_build import (
     fake_conversions,
     moved_to_device,
 )
-from advisor.estimate.fake_ops import accumulates_in_place, aliased_as_the_kernel, ctc_fake
+from advisor.estimate.fake_ops import accumulates_in_place, aliased_as_the_kernel, coo_bytes, ctc_fake, sparse_parts
 from advisor.workload import Workload
 
 # Category indices of the live-bytes curve.
@@ -35,6 +34,7 @@ from advisor.workload import Workload
 PARAMS, GRADS, OPT_STATE, ACTIVATIONS, TEMPORARIES, STEP_TEMPS, INPUTS, PARAM_COPIES = range(8)
 CATEGORY_NAMES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "step_temporaries",
                   "inputs", "param_copies")
+GLOO_BUFFERED = ("all_gather", "reduce_scatter")  # collectives gloo runs through a buffer of the payload's size
 _PHASE_LABEL = {"build": PARAMS, "batch": INPUTS, "forward": ACTIVATIONS, "backward": TEMPORARIES,
                 "step": STEP_TEMPS, "done": TEMPORARIES}
 
@@ -286,6 +286,8 @@ def _dispatch_mode(tracker: Tracker):
     # and the autograd engine asks it of every gradient; .item() on the optimizer's step counters
     queries = {torch.ops.prim.device.default, torch.ops.aten.size.default, torch.ops.aten.stride.default,
                torch.ops.aten.storage_offset.default, torch.ops.aten._local_scalar_dense.default}
+    # a fake collective's wait makes a new tensor where a real one returns the collective's own output
+    wait_tensor = torch.ops._c10d_functional.wait_tensor.default
     ctc_ops = {torch.ops.aten._ctc_loss.default, torch.ops.aten._ctc_loss.Tensor,
                torch.ops.aten._ctc_loss_backward.default, torch.ops.aten._ctc_loss_backward.Tensor}
 
@@ -294,19 +296,28 @@ def _dispatch_mode(tracker: Tracker):
             if func in queries:
                 return func(*args, **(kwargs or {}))
             kwargs = kwargs or {}
+            collective = tracker.comm.record(func, args, kwargs) if tracker.comm is not None else None
             ctc = func in ctc_ops and isinstance(args[0], FakeTensor)  # fake ops refuse it: its shape needs values
+            # a DTensor op's kernels run inside DTensor's dispatch, on the local shards, out of this mode's sight: its
+            # outputs are recorded by their local shards, and no scratch rule sizes its kernels from global shapes
+            sharded = tracker.comm is not None and _any_dtensor(args)
             out = ctc_fake(tracker, func, args) if ctc else func(*args, **kwargs)
             if type(out) is tuple:
                 out = aliased_as_the_kernel(func, out)
-            rule = None if ctc else scratch.rule_for(rules, tracker, func, args, kwargs)  # CTC's is ctc_fake's
+            rule = None if ctc or sharded else scratch.rule_for(rules, tracker, func, args, kwargs)
             if rule is not None:
                 out = rule.apply(tracker, func, args, kwargs, out)
-            if func is torch.ops.aten.add.Tensor and tracker.accumulating and accumulates_in_place(args):
+            if func is torch.ops.aten.add.Tensor and tracker.accumulating and not sharded \
+                    and accumulates_in_place(args):
+                tracker.reuse(out, args[0])
+                return out
+            if func is wait_tensor and isinstance(out, torch.Tensor):  # a real wait returns its input: same memory
                 tracker.reuse(out, args[0])
                 return out
             category = None
             if (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
-                    and args[0].layout == torch.strided and args[0].untyped_storage()._cdata in tracker.param_keys):
+                    and args[0].layout == torch.strided
+                    and local_tensor(args[0]).untyped_storage()._cdata in tracker.param_keys):
                 category = PARAM_COPIES  # a parameter's low-precision copy
             if isinstance(out, FakeTensor) and out.layout == torch.sparse_coo:
                 tracker.track_sparse(out, [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)],
@@ -316,12 +327,16 @@ def _dispatch_mode(tracker: Tracker):
             else:
                 for t in tree_flatten(out)[0]:
                     tracker.track(t, category)
+            if collective is not None and collective[0] in GLOO_BUFFERED and tracker.gloo:
+                # gloo stages an all-gather's output and a reduce-scatter's input in a buffer of its own, the
+                # payload's size, while it runs (bench/gloo_buffers.py, bench/results/gloo-buffers.json)
+                tracker.scratch(collective[1])
             if func.overloadpacket in cublas_ops:
                 thread = "backward" if tracker.phase == "backward" else "main"
                 kinds = ("cublas", "cublaslt") if scratch_cuda.runs_on_cublaslt(func, args, kwargs) else ("cublas",)
                 for kind in kinds:
                     tracker.cublas_at.setdefault((thread, kind), len(tracker.events))
-            if tracker.count_flops and func.overloadpacket in flop_registry:
+            if tracker.count_flops and not sharded and func.overloadpacket in flop_registry:
                 tracker.flops += int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
             return out
 
@@ -369,6 +384,8 @@ class Tracker:
         # outputs into the input buffers of the nodes they feed (see `accumulates_in_place`)
         self.accumulating = False
         self.paused = False  # `off_device`
+        self.comm: Any = None  # advisor.parallel.comm.CommCounter: a rank's collectives, in a parallel trace
+        self.gloo = False  # the collectives run on gloo (a CPU target), whose all-gather holds a buffer of its own
 
     @contextlib.contextmanager
     def off_device(self, on: bool):
@@ -388,13 +405,16 @@ class Tracker:
     def track(self, t: Any, category: int | None = None, untouched: int = 0, nbytes: int | None = None) -> None:
         """Record `t`'s storage as a new allocation, unless it is already live; `untouched`: bytes of
         it that its kernel never writes; `nbytes`: its size where the storage's is not it (`track_sparse`).
-        A sparse tensor's allocations are its index and value tensors' (`_sparse_parts`)."""
+        A sparse tensor's allocations are its index and value tensors' (`fake_ops.sparse_parts`)."""
         import torch
 
         if not isinstance(t, torch.Tensor) or self.paused:
             return
+        t = local_tensor(t)
+        if t.device.type == "meta":  # a model built on the meta device holds no memory until it is materialised
+            return
         if t.layout != torch.strided:
-            for part in _sparse_parts(t):
+            for part in sparse_parts(t):
                 self.track(part, category)
             return
         st = t.untyped_storage()
@@ -422,7 +442,7 @@ class Tracker:
             self.track(out, category)
             return
         self.sparse_entries[out] = entries  # for the ops that take it in turn
-        index_bytes, value_bytes = _coo_bytes(out, entries)
+        index_bytes, value_bytes = coo_bytes(out, entries)
         self.track(out._indices(), category, nbytes=index_bytes)
         self.track(out._values(), category, nbytes=value_bytes)
 
@@ -435,12 +455,13 @@ class Tracker:
         nn.Embedding(sparse=True), and SGD's momentum buffer of it), as many entries as `track_sparse` sized."""
         import torch
 
+        t = local_tensor(t)
         if t.layout == torch.strided:
             return int(t.nbytes)
         entries = self.sparse_entries.get(t)
         if entries is None or t.layout != torch.sparse_coo:
-            return sum(int(p.nbytes) for p in _sparse_parts(t))
-        return sum(_coo_bytes(t, entries))
+            return sum(int(p.nbytes) for p in sparse_parts(t))
+        return sum(coo_bytes(t, entries))
 
     def scratch(self, *nbytes: int) -> list[int]:
         """Blocks an op holds only while it runs (a probed op's scratch, a reduction's): allocated in order,
@@ -464,6 +485,24 @@ class Tracker:
             del self.live_ids[key]
             del self.finalizers[key]
         self.events.append(-(aid + 1))
+
+    def resized(self, storage: Any, nbytes: int, category: int) -> None:
+        """`storage` was resized in place to `nbytes`: what it held is freed, and a new allocation of `category`
+        made where `nbytes` > 0 (FSDP2's unsharded parameters: `rank_trace._resizes_tracked`)."""
+        if self.paused:
+            return
+        key = storage._cdata
+        aid = self.live_ids.pop(key, None)
+        if aid is not None:
+            self.finalizers.pop(key).detach()
+            self.events.append(-(aid + 1))
+        if nbytes > 0:
+            aid = len(self.nbytes)
+            self.live_ids[key] = aid
+            self.nbytes.append(nbytes)
+            self.labels.append(category)
+            self.events.append(aid + 1)
+            self.finalizers[key] = weakref.finalize(storage, self._free, key, aid)
 
     def reuse(self, t: Any, donor: Any) -> None:
         """`t` took over `donor`'s memory (an accumulation the real engine does in place): no new
@@ -503,8 +542,9 @@ class Tracker:
     def relabel(self, t: Any, category: int) -> None:
         import torch
 
+        t = local_tensor(t)
         if t.layout != torch.strided:  # a sparse gradient (nn.Embedding(sparse=True))
-            for part in _sparse_parts(t):
+            for part in sparse_parts(t):
                 self.relabel(part, category)
             return
         aid = self.live_ids.get(t.untyped_storage()._cdata)
@@ -512,26 +552,14 @@ class Tracker:
             self.labels[aid] = category
 
 
-def _coo_bytes(t: Any, entries: int) -> tuple[int, int]:
-    """The bytes of sparse COO `t`'s index and value tensors were they to hold `entries` entries."""
-    values = t._values()
-    return (t.sparse_dim() * entries * t._indices().element_size(),
-            entries * math.prod(values.shape[1:]) * values.element_size())
+def local_tensor(t: Any) -> Any:
+    """What a rank holds of `t`: a DTensor's local shard, any other tensor itself."""
+    return getattr(t, "_local_tensor", t) if type(t).__name__ == "DTensor" else t
 
 
-def _sparse_parts(t: Any) -> list[Any]:
-    """The dense tensors that hold a sparse tensor's memory: COO's indices and values; a compressed layout's
-    (CSR, CSC, BSR, BSC) row or column pointers, its indices and values. A graph network's adjacency is
-    commonly one (torch.sparse.mm), and its size is theirs."""
-    import torch
-
-    if t.layout == torch.sparse_coo:
-        return [t._indices(), t._values()]
-    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
-        return [t.crow_indices(), t.col_indices(), t.values()]
-    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
-        return [t.ccol_indices(), t.row_indices(), t.values()]
-    return []
+def _any_dtensor(args: tuple) -> bool:
+    return any(type(a).__name__ == "DTensor" for a in args) or any(
+        type(x).__name__ == "DTensor" for a in args if isinstance(a, (list, tuple)) for x in a)
 
 
 def _replay(tracker: Tracker) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:

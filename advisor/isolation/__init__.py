@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from advisor.workload import Workload, WorkloadInfo
 
 T = TypeVar("T")
-__all__ = ["describe", "estimate", "run_isolated"]
+__all__ = ["describe", "estimate", "estimate_layout", "run_isolated"]
 
 
 def run_isolated(fn: Callable[..., T], *args: Any, spec: str, what: str, stage: str, timeout_s: float | None = None,
@@ -48,6 +48,19 @@ def estimate(workload: "str | Workload", hardware: "HardwareSpec | str", request
     return run_isolated(estimate_memory, workload, hardware, request, options, workload_args=workload_args,
                         spec=workload, what="the estimate", stage=f"loading {workload}", timeout_s=timeout_s,
                         memory_cap_bytes=memory_cap_bytes, pool=pool)
+
+
+def estimate_layout(workload: str, hardware: "HardwareSpec | str", layout: Any,
+                    request: "EstimateRequest | None" = None, *, workload_args: dict[str, Any] | None = None,
+                    timeout_s: float | None = None, memory_cap_bytes: int | None = None,
+                    pool: WorkerPool | None = None, **options: Any) -> Any:
+    """advisor.estimate.parallel.estimate_layout (`options`: its keyword arguments, e.g. margin, method) in an
+    isolated worker: it builds and traces the workload."""
+    from advisor.estimate.parallel import estimate_layout as estimate_parallel
+
+    return run_isolated(estimate_parallel, workload, hardware, layout, request, workload_args=workload_args,
+                        spec=workload, what="the estimate", stage=f"loading {workload}", timeout_s=timeout_s,
+                        memory_cap_bytes=memory_cap_bytes, pool=pool, **options)
 
 
 def describe(spec: str, args: dict[str, Any] | None = None, *, timeout_s: float | None = None,

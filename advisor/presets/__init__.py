@@ -51,6 +51,7 @@ _ENTRIES: dict[str, tuple[str, str]] = {
     "vit-b16": ("vision", "vit_b16"),
     "unet": ("vision", "unet"),
     "bert-base": ("transformers", "bert_base"),
+    "decoder": ("transformers", "decoder"),  # any decoder-only LM from its arguments (layers, hidden, heads, ...)
     "gpt2-small": ("transformers", "gpt2_small"),
     "gpt2-medium": ("transformers", "gpt2_medium"),
     "gpt2-large": ("transformers", "gpt2_large"),
@@ -65,6 +66,7 @@ _ENTRIES: dict[str, tuple[str, str]] = {
     "tiny-vit": ("vision", "tiny_vit"),
     "tiny-unet": ("vision", "tiny_unet"),
     "tiny-bert": ("transformers", "tiny_bert"),
+    "tiny-decoder": ("transformers", "tiny_decoder"),
     "tiny-gpt2": ("transformers", "tiny_gpt2"),
     "tiny-llama": ("transformers", "tiny_llama"),
     "tiny-dlrm": ("recsys", "tiny_dlrm"),

@@ -1,59 +1,124 @@
-"""Decoder-only language models for the gpt2-* and llama-* presets.
+"""One decoder-only language model for every decoder preset (gpt2-*, llama-*, decoder), built from a DecoderArch.
 
-Both keep their repeated blocks in `self.blocks` (an nn.ModuleList): the estimator and the
-FSDP / activation-checkpointing wrappers look for it. forward(idx (B, T) int64) -> logits (B, T, V).
+The repeated blocks live in `self.blocks` (an nn.ModuleList): the estimator and the FSDP / activation-
+checkpointing wrappers look for it. Pipeline stages call `embed`, `rope`, the blocks and `head` one by one;
+tensor parallelism shards `wq`/`wk`/`wv` by rows and `wo` by columns, so attention reads its head counts
+from the tensors. Shapes: B batch, T tokens, C hidden, H query heads, KV key/value heads, D head dim, V vocab.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from advisor.presets.layers import LlamaBlock, TransformerBlock, init_normal, rope_tables
+from advisor.presets.layers import MLP, SwiGLU, apply_rope, init_normal, rope_tables
+from advisor.workload import DecoderArch
+
+Rope = tuple[torch.Tensor, torch.Tensor] | None  # (cos, sin), each (T, D); None with learned positions
 
 
-class GPT2(nn.Module):
-    """GPT-2 (Radford et al. 2019): learned positions, pre-LayerNorm, GELU MLP, LM head tied to wte."""
+class Attention(nn.Module):
+    """Causal self-attention with separate q, k, v projections; H query heads share KV heads in groups of H / KV.
 
-    def __init__(self, layers: int, hidden: int, heads: int, vocab: int, seq_len: int) -> None:
+    forward takes the head counts from wq's and wk's output widths, so a module whose projections hold a
+    slice of the heads (H/tp query heads and KV/tp key/value heads, wo's matching input columns) computes
+    that slice's share of the output.
+    """
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, bias: bool) -> None:
         super().__init__()
-        self.wte = nn.Embedding(vocab, hidden)
-        self.wpe = nn.Embedding(seq_len, hidden)  # one learned vector per position up to seq_len
-        self.blocks = nn.ModuleList(
-            TransformerBlock(hidden, heads, 4 * hidden, causal=True, pre_norm=True, gelu="tanh")
-            for _ in range(layers)
-        )
-        self.ln_f = nn.LayerNorm(hidden)
-        self.lm_head = nn.Linear(hidden, vocab, bias=False)
-        self.apply(init_normal)
-        self.lm_head.weight = self.wte.weight  # tied: counted once by parameters()
+        self.head_dim = hidden // heads
+        self.wq = nn.Linear(hidden, heads * self.head_dim, bias=bias)
+        self.wk = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
+        self.wv = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
+        self.wo = nn.Linear(heads * self.head_dim, hidden, bias=bias)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.ln_f(x))
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        group = q.shape[1] // k.shape[1]
+        if group > 1:  # expand KV to H heads (as Meta's reference and torchtitan do): every SDPA backend takes it
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
-class Llama(nn.Module):
-    """Llama 2/3 (Touvron et al. 2023): RMSNorm, SwiGLU, grouped-query attention, RoPE, no biases."""
+def _norm(arch: DecoderArch) -> nn.Module:
+    return nn.RMSNorm(arch.hidden, eps=1e-5) if arch.norm == "rmsnorm" else nn.LayerNorm(arch.hidden, eps=1e-5)
 
-    def __init__(self, layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int,
-                 tied_embeddings: bool = False, rope_theta: float = 500_000.0) -> None:
+
+class DecoderBlock(nn.Module):
+    """Pre-norm block: x + attn(attn_norm(x), rope), then x + ffn(ffn_norm(x))."""
+
+    def __init__(self, arch: DecoderArch) -> None:
         super().__init__()
-        self.head_dim, self.rope_theta = hidden // heads, rope_theta  # Llama 3 uses theta = 500k
-        self.tok_embeddings = nn.Embedding(vocab, hidden)
-        self.blocks = nn.ModuleList(LlamaBlock(hidden, heads, kv_heads, ffn_hidden) for _ in range(layers))
-        self.norm = nn.RMSNorm(hidden, eps=1e-5)
-        self.output = nn.Linear(hidden, vocab, bias=False)
-        self.apply(init_normal)
-        if tied_embeddings:  # Llama 3.2 1B/3B tie the output projection to the embedding
+        self.attn_norm = _norm(arch)
+        self.attn = Attention(arch.hidden, arch.heads, arch.kv_heads, arch.bias)
+        self.ffn_norm = _norm(arch)
+        # SwiGLU has no biases (Llama); the GELU MLP follows `bias` (GPT-2: biases everywhere)
+        self.ffn = (SwiGLU(arch.hidden, arch.ffn_hidden) if arch.gated_ffn
+                    else MLP(arch.hidden, arch.ffn_hidden, gelu="tanh", bias=arch.bias))
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Decoder(nn.Module):
+    """Decoder-only LM: forward(idx (B, T) int64) -> logits (B, T, V) = head(blocks(embed(idx), rope)).
+
+    GPT-2 (Radford et al. 2019) is learned positions, LayerNorm, GELU MLP, biases and a tied head; Llama 3
+    (Touvron et al. 2023) is RoPE, RMSNorm, SwiGLU, grouped-query attention and no biases.
+    """
+
+    def __init__(self, arch: DecoderArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.tok_embeddings = nn.Embedding(arch.vocab, arch.hidden)
+        # one learned vector per position up to seq_len (GPT-2); RoPE rotates q and k instead
+        self.pos_embeddings = nn.Embedding(arch.seq_len, arch.hidden) if arch.learned_positions else None
+        self.blocks = nn.ModuleList(DecoderBlock(arch) for _ in range(arch.layers))
+        self.norm = _norm(arch)
+        self.output = nn.Linear(arch.hidden, arch.vocab, bias=False)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """N(0, 0.02) weights, zero biases, unit norms; ties `output` to the token embedding again.
+
+        Re-tying matters after `to_empty()`: it gives each module its own new tensor, which unties them.
+        """
+        if self.arch.tied_embeddings:  # one tensor, counted once by parameters()
             self.output.weight = self.tok_embeddings.weight
+        for module in self.modules():
+            init_normal(module)
+            if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                module.reset_parameters()
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token embeddings of idx (B, T), plus learned positions where the model has them: (B, T, C)."""
+        x = self.tok_embeddings(idx)
+        if self.pos_embeddings is not None:
+            x = x + self.pos_embeddings(torch.arange(idx.shape[1], device=idx.device))
+        return x
+
+    def rope(self, seq_len: int, device: torch.device | str) -> Rope:
+        """RoPE (cos, sin) tables for `seq_len` positions, each (T, D) fp32; None with learned positions."""
+        if self.pos_embeddings is not None:
+            return None
+        return rope_tables(seq_len, self.arch.hidden // self.arch.heads, self.arch.rope_theta, torch.device(device))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and output projection: (B, T, C) -> logits (B, T, V)."""
+        return self.output(self.norm(x))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        cos, sin = rope_tables(idx.shape[1], self.head_dim, self.rope_theta, idx.device)  # (T, D) each
-        x = self.tok_embeddings(idx)
+        rope = self.rope(idx.shape[1], idx.device)
+        x = self.embed(idx)
         for block in self.blocks:
-            x = block(x, cos, sin)
-        return self.output(self.norm(x))
+            x = block(x, rope)
+        return self.head(x)

@@ -1,5 +1,5 @@
-"""Transformer building blocks shared by the presets: GPT-2, BERT, ViT (LayerNorm + GELU MLP) and
-Llama (RMSNorm, SwiGLU, grouped-query attention, RoPE).
+"""Transformer building blocks shared by the presets: BERT and ViT blocks (LayerNorm, fused QKV, GELU MLP),
+and the GELU MLP, SwiGLU and RoPE that the decoder (advisor/presets/decoders.py) builds from.
 
 Attention always goes through `F.scaled_dot_product_attention`, so flash / memory-efficient
 kernels apply on GPU. Shapes: B batch, T tokens, C hidden, H heads, D = C / H head dim.
@@ -13,7 +13,7 @@ from torch import nn
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with a fused QKV projection (GPT-2 / BERT / ViT layout)."""
+    """Multi-head self-attention with a fused QKV projection (BERT / ViT layout)."""
 
     def __init__(self, hidden: int, heads: int, causal: bool, bias: bool = True) -> None:
         super().__init__()
@@ -43,7 +43,7 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """LayerNorm block. pre_norm=True: x + f(LN(x)) (GPT-2, ViT); False: LN(x + f(x)) (BERT)."""
+    """LayerNorm block. pre_norm=True: x + f(LN(x)) (ViT); False: LN(x + f(x)) (BERT)."""
 
     def __init__(self, hidden: int, heads: int, ffn_hidden: int, *, causal: bool, pre_norm: bool,
                  gelu: str = "none", eps: float = 1e-5) -> None:
@@ -81,30 +81,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotated * sin).to(x.dtype)
 
 
-class GroupedQueryAttention(nn.Module):
-    """Llama attention: H query heads share KV heads in groups of H / KV; RoPE on q and k; no bias."""
-
-    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
-        self.wq = nn.Linear(hidden, heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(heads * self.head_dim, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.wk(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
-        v = self.wv(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # Expand KV to H heads (as Meta's reference and torchtitan do): every SDPA backend takes it.
-        group = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
-
-
 class SwiGLU(nn.Module):
     """Gated feed-forward (Shazeer 2020): w2(silu(w1 x) * w3 x); three C x F matrices."""
 
@@ -116,21 +92,6 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class LlamaBlock(nn.Module):
-    """Pre-RMSNorm decoder block: x + attn(norm(x)), then x + ffn(norm(x))."""
-
-    def __init__(self, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.attn_norm = nn.RMSNorm(hidden, eps=eps)
-        self.attn = GroupedQueryAttention(hidden, heads, kv_heads)
-        self.ffn_norm = nn.RMSNorm(hidden, eps=eps)
-        self.ffn = SwiGLU(hidden, ffn_hidden)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.ffn(self.ffn_norm(x))
 
 
 def init_normal(module: nn.Module, std: float = 0.02) -> None:

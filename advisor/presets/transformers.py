@@ -1,25 +1,29 @@
-"""Language-model presets: bert-base, gpt2-small|medium|large|xl, llama-1b|8b|70b and tiny-* variants.
+"""Language-model presets: decoder (any shape from its arguments), bert-base, gpt2-small|medium|large|xl,
+llama-1b|8b|70b and tiny-* variants.
 
-Decoder presets carry their exact shape as a DecoderArch, which drives the analytic memory
-estimator; `seq_len` (tokens per sample) may be shorter than the model's real context.
+Every decoder preset is one Decoder (advisor/presets/decoders.py) built from a DecoderArch, which also
+drives the analytic memory estimator; `seq_len` (tokens per sample) may be shorter than the model's real context.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
 
+from advisor.errors import SpecError
 from advisor.presets._util import check_divisible, check_positive, generator, token_cross_entropy
 from advisor.presets.data import MaskedLMDataset, TokenDataset, mask_tokens
-from advisor.presets.decoders import GPT2, Llama
+from advisor.presets.decoders import Decoder
 from advisor.presets.encoders import BertMLM
 from advisor.workload import DecoderArch, Workload
 
 GPT2_VOCAB = 50257
 LLAMA3_VOCAB = 128256
 BERT_VOCAB = 30522  # WordPiece, uncased
+MLPS, NORMS, POSITIONS = ("swiglu", "gelu"), ("rmsnorm", "layernorm"), ("rope", "learned")
 
 
 def _lm_loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -27,10 +31,62 @@ def _lm_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return token_cross_entropy(model(inputs), targets)
 
 
-def _decoder_workload(name: str, arch: DecoderArch, build: Any, *, batch_size: int, num_samples: int,
-                      seed: int) -> Workload:
+def decoder(*, layers: int, hidden: int, heads: int, kv_heads: int | None = None, ffn: int | None = None,
+            vocab: int = 32000, seq_len: int = 2048, mlp: str = "swiglu", norm: str = "rmsnorm",
+            tie_embeddings: bool = False, positions: str = "rope", bias: bool = False, batch_size: int = 8,
+            num_samples: int = 10_000, seed: int = 0) -> Workload:
+    """Any decoder-only LM: layers, hidden, heads / kv_heads (GQA), ffn, mlp (swiglu|gelu), norm, positions.
+
+    kv_heads defaults to heads; ffn to 4 x hidden for gelu and to Llama's rule for swiglu
+    (8/3 x hidden rounded up to a multiple of 256). Bad arguments raise SpecError.
+    """
+    return _decoder("decoder", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab,
+                    seq_len=seq_len, mlp=mlp, norm=norm, tie_embeddings=tie_embeddings, positions=positions,
+                    bias=bias, batch_size=batch_size, num_samples=num_samples, seed=seed)
+
+
+def tiny_decoder(*, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int | None = 2,
+                 ffn: int | None = None, vocab: int = 512, seq_len: int = 32, mlp: str = "swiglu",
+                 norm: str = "rmsnorm", tie_embeddings: bool = False, positions: str = "rope", bias: bool = False,
+                 batch_size: int = 2, num_samples: int = 64, seed: int = 0) -> Workload:
+    """The decoder preset at 2 layers, 64 wide, 4 heads / 2 KV, vocab 512 (~0.2M params); same arguments."""
+    return _decoder("tiny-decoder", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                    vocab=vocab, seq_len=seq_len, mlp=mlp, norm=norm, tie_embeddings=tie_embeddings,
+                    positions=positions, bias=bias, batch_size=batch_size, num_samples=num_samples, seed=seed)
+
+
+def _decoder(name: str, *, layers: int, hidden: int, heads: int, kv_heads: int | None, ffn: int | None, vocab: int,
+             seq_len: int, mlp: str, norm: str, tie_embeddings: bool, positions: str, bias: bool, batch_size: int,
+             num_samples: int, seed: int) -> Workload:
+    """Check the arguments (values from a command line may have any JSON type) and build the workload."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    sizes = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, seq_len=seq_len)
+    _check_sizes(name, **sizes, **({} if ffn is None else {"ffn": ffn}), batch_size=batch_size,
+                 num_samples=num_samples)
+    check_divisible(name, "hidden", hidden, heads, "heads")
+    check_divisible(name, "heads", heads, kv_heads, "kv_heads")
+    for key, value, allowed in (("mlp", mlp, MLPS), ("norm", norm, NORMS), ("positions", positions, POSITIONS)):
+        if value not in allowed:
+            raise SpecError(f"preset {name!r}: {key} must be one of {', '.join(allowed)}, got {value!r}")
+    for key, value in (("tie_embeddings", tie_embeddings), ("bias", bias)):
+        if not isinstance(value, bool):
+            raise SpecError(f"preset {name!r}: {key} must be true or false, got {value!r}")
+    if ffn is None:  # Llama's rule keeps SwiGLU's three matrices near the parameters of a 4x GELU MLP
+        ffn = 4 * hidden if mlp == "gelu" else 256 * math.ceil(int(8 * hidden / 3) / 256)
+    arch = DecoderArch(**sizes, ffn_hidden=ffn, gated_ffn=mlp == "swiglu", norm=norm, tied_embeddings=tie_embeddings,
+                       learned_positions=positions == "learned", bias=bias)
+    return _decoder_workload(name, arch, batch_size=batch_size, num_samples=num_samples, seed=seed)
+
+
+def _check_sizes(name: str, **sizes: object) -> None:
+    """SpecError naming the first size that is not a positive integer."""
+    for key, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise SpecError(f"preset {name!r}: {key} must be a positive integer, got {value!r}")
+
+
+def _decoder_workload(name: str, arch: DecoderArch, *, batch_size: int, num_samples: int, seed: int) -> Workload:
     """Next-token prediction on uniform random tokens: batch = (inputs (B, T), targets (B, T))."""
-    check_positive(name, batch_size=batch_size, num_samples=num_samples)
 
     def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         window = torch.randint(0, arch.vocab, (n, arch.seq_len + 1), generator=generator(seed))
@@ -38,7 +94,7 @@ def _decoder_workload(name: str, arch: DecoderArch, build: Any, *, batch_size: i
 
     return Workload(
         name=name,
-        build_model=build,
+        build_model=lambda: Decoder(arch),
         make_batch=make_batch,
         loss_fn=_lm_loss,
         dataset=lambda: TokenDataset(num_samples, arch.seq_len, arch.vocab, seed),
@@ -50,13 +106,10 @@ def _decoder_workload(name: str, arch: DecoderArch, build: Any, *, batch_size: i
 
 def _gpt2(name: str, layers: int, hidden: int, heads: int, *, seq_len: int, batch_size: int,
           vocab: int = GPT2_VOCAB, num_samples: int = 10_000, seed: int = 0) -> Workload:
-    check_positive(name, seq_len=seq_len, vocab=vocab)
-    check_divisible(name, "hidden", hidden, heads, "heads")
-    arch = DecoderArch(layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn_hidden=4 * hidden,
-                       vocab=vocab, seq_len=seq_len, gated_ffn=False, norm="layernorm", tied_embeddings=True,
-                       learned_positions=True, bias=True)
-    build = lambda: GPT2(layers, hidden, heads, vocab, seq_len)  # noqa: E731
-    return _decoder_workload(name, arch, build, batch_size=batch_size, num_samples=num_samples, seed=seed)
+    """GPT-2 as a decoder: learned positions, LayerNorm, GELU MLP (4x), biases, head tied to the embedding."""
+    return _decoder(name, layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn=4 * hidden, vocab=vocab,
+                    seq_len=seq_len, mlp="gelu", norm="layernorm", tie_embeddings=True, positions="learned",
+                    bias=True, batch_size=batch_size, num_samples=num_samples, seed=seed)
 
 
 def gpt2_small(*, batch_size: int = 8, seq_len: int = 1024, num_samples: int = 10_000, seed: int = 0) -> Workload:
@@ -91,14 +144,10 @@ def tiny_gpt2(*, batch_size: int = 2, seq_len: int = 32, vocab: int = 512, num_s
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, *, seq_len: int,
            batch_size: int, tied: bool = False, vocab: int = LLAMA3_VOCAB, num_samples: int = 10_000,
            seed: int = 0) -> Workload:
-    check_positive(name, seq_len=seq_len, vocab=vocab)
-    check_divisible(name, "hidden", hidden, heads, "heads")
-    check_divisible(name, "heads", heads, kv_heads, "kv_heads")
-    arch = DecoderArch(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden,
-                       vocab=vocab, seq_len=seq_len, gated_ffn=True, norm="rmsnorm", tied_embeddings=tied,
-                       learned_positions=False, bias=False)
-    build = lambda: Llama(layers, hidden, heads, kv_heads, ffn_hidden, vocab, tied_embeddings=tied)  # noqa: E731
-    return _decoder_workload(name, arch, build, batch_size=batch_size, num_samples=num_samples, seed=seed)
+    """Llama 3 as a decoder: RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases."""
+    return _decoder(name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn_hidden,
+                    vocab=vocab, seq_len=seq_len, mlp="swiglu", norm="rmsnorm", tie_embeddings=tied,
+                    positions="rope", bias=False, batch_size=batch_size, num_samples=num_samples, seed=seed)
 
 
 def llama_1b(*, batch_size: int = 4, seq_len: int = 2048, num_samples: int = 10_000, seed: int = 0) -> Workload:

@@ -20,7 +20,17 @@ def _digest(obj: Any) -> str:
 
 def config_hash(config: "TrainingConfig") -> str:
     """Every knob, defaults included: two configs hash equally exactly when they set the same knobs."""
-    return _digest(config.model_dump(mode="json"))
+    knobs = config.model_dump(mode="json")
+    # the parallel-layout knobs came after configurations were first stored: left out while at their defaults
+    # (every configuration without tp or pp), those hashes stay what they were
+    for key, default in LAYOUT_DEFAULTS.items():
+        if knobs.get(key) == default:
+            knobs.pop(key, None)
+    return _digest(knobs)
+
+
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "pp_schedule": "1f1b", "microbatches": None, "virtual_stages": 1,
+                   "sequence_parallel": True}
 
 
 def hardware_fingerprint(hw: "HardwareSpec") -> str:

@@ -27,7 +27,7 @@ ROLE_ATTR = "advisor_screen"  # system attribute: what a screening trial was for
 OPENED_DEFAULTS = {"prefetch_factor": 2}  # DataLoader's default with workers
 # The order knobs are screened in when the budget cannot screen them all: what usually moves
 # training throughput most first (precision, batch, compile, the input pipeline, then the rest).
-IMPACT = ("precision", "batch_size", "compile_mode", "num_workers", "strategy", "threads", "channels_last",
+IMPACT = ("precision", "batch_size", "compile_mode", "num_workers", "strategy", "tp", "pp", "threads", "channels_last",
           "optimizer_impl", "fused_backward", "checkpointing", "pin_memory", "prefetch_factor",
           "persistent_workers", "pinning", "optimizer", "grad_accum", "cpu_list")
 
@@ -130,11 +130,14 @@ class ScreeningSampler(BaseSampler):
 
     def sample_independent(self, study: "Study", trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
+        from search_spaces.layout import knob_of
+
         target = self._targets.get(trial.number)
         if target is not None:
-            if param_name in target and contains(param_distribution, target[param_name]):
-                return target[param_name]
-            default = _config_default(param_name)
+            knob = knob_of(param_name)  # a knob asked under a name listing the values left (`pp[1,2]`)
+            if knob in target and contains(param_distribution, target[knob]):
+                return target[knob]
+            default = _config_default(knob)
             if default is not None and contains(param_distribution, default):
                 return default  # a knob the change opened (prefetch once workers exist): PyTorch's default
         return self._base.sample_independent(study, trial, param_name, param_distribution)

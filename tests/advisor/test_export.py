@@ -133,6 +133,30 @@ def test_the_launch_command(kw, expected):
     assert export(TrainingConfig(**kw), WORKLOAD, {}, "torchrun", numa_node=1).strip() == expected
 
 
+@pytest.mark.parametrize("fmt", ["python", "torchrun"])
+def test_a_tp_or_pp_config_is_not_exported_as_a_data_parallel_script(fmt):
+    config = TrainingConfig(batch_size=8, tp=2, pp=2, nproc=4)
+    with pytest.raises(SpecError, match="runs data parallel only") as info:
+        export(config, "tiny-decoder", {}, fmt)
+    assert "\n" not in str(info.value) and "tp 2, pp 2" in str(info.value)
+    doc = json.loads(export(config, "tiny-decoder", {}, "json"))  # the JSON holds every knob
+    assert TrainingConfig.model_validate(doc["config"]) == config
+
+
+def test_the_cli_refuses_a_stored_tp_trial_with_exit_2(tmp_path):
+    from stored_bests import store_best
+
+    url = f"sqlite:///{tmp_path / 'advisor.db'}"
+    trial = store_best(url, "cpu:2", TrainingConfig(batch_size=8, tp=2, nproc=2), 100.0, workload="tiny-decoder",
+                       args={})
+    env = {**os.environ, "ADVISOR_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "advisor.cli", "results", "export", "--trial", str(trial.id),
+                           "--format", "python", "--db", url], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "runs data parallel only" in proc.stderr, proc.stderr
+
+
 def test_an_unknown_format_lists_the_formats():
     with pytest.raises(SpecError, match="json, python, torchrun"):
         export(TrainingConfig(), WORKLOAD, {}, "yaml")

@@ -47,7 +47,7 @@ def test_batch_dimension_is_abstracted_and_model_built_on_meta() -> None:
     payload = fingerprint_payload(load_workload("tiny-gpt2", {"seq_len": 48}))
     # (inputs, targets), each (B, 48) int64
     assert payload["batch"] == ["tuple", [["B", 48], "torch.int64"], [["B", 48], "torch.int64"]]
-    assert payload["modules"][:3] == [["", "GPT2"], ["wte", "Embedding"], ["wpe", "Embedding"]]
+    assert payload["modules"][:3] == [["", "Decoder"], ["tok_embeddings", "Embedding"], ["pos_embeddings", "Embedding"]]
     assert any(shape == [512, 64] for _, shape, _, _ in payload["parameters"])  # the token embedding, vocab x width
 
 

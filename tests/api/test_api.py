@@ -76,6 +76,21 @@ def test_estimate_is_the_library_estimate(seeded, make_client):
     assert got.json()["total_bytes"] == lib.total_bytes and got.json()["max_batch_size"] == lib.max_batch_size
 
 
+def test_layout_estimate_is_the_library_estimate(sqlite_url, make_client):
+    from advisor.estimate import EstimateRequest
+    from advisor.estimate.parallel import estimate_layout
+    from advisor.parallel import Layout
+
+    c = make_client(sqlite_url)
+    body = {"workload": "tiny-llama", "hardware": "h100-sxm:4", "tp": 2, "pp": 2, "batch_size": 4}
+    got = c.post("/v1/estimate/layout", json=body)
+    assert got.status_code == 200, got.text
+    lib = estimate_layout("tiny-llama", "h100-sxm:4", Layout(tp=2, pp=2), EstimateRequest(batch_size=4))
+    ranks = got.json()["ranks"]
+    assert [r["total_bytes"] for r in ranks] == [r.total_bytes for r in lib.ranks]
+    assert [r["ranks"] for r in ranks] == [[0, 1], [2, 3]] and ranks[0]["comm_bytes"]["send"] > 0
+
+
 def test_recommend_measured_then_estimated_with_prices_and_cache(seeded, make_client):
     url, facts = seeded
     c = make_client(url, recommend_cache_s=0.2)
@@ -164,6 +179,11 @@ PATHS = re.compile(r"(/work/|/home/|/root/|/tmp/|site-packages|Traceback|File \"
     ("post", "/v1/estimate", {"workload": "tiny-gpt2", "hardware": "h100-sxm", "bogus": 1}, 422),
     ("post", "/v1/estimate", {"workload": "tiny-gpt2", "workload_args": {"no_such_arg": 1}, "hardware": "h100-sxm"},
      422),
+    ("post", "/v1/estimate/layout", {"workload": "tiny-llama", "hardware": "h100-sxm:4", "tp": 3}, 422),
+    ("post", "/v1/estimate/layout", {"workload": "tiny-llama", "hardware": "h100-sxm:8", "tp": 8}, 422),
+    ("post", "/v1/estimate/layout", {"workload": "tiny-llama", "hardware": "h100-sxm:4", "pp": 4}, 422),
+    ("post", "/v1/estimate/layout", {"workload": "tiny-mlp", "hardware": "h100-sxm:2", "pp": 2}, 422),
+    ("post", "/v1/estimate/layout", {"workload": "tiny-llama", "hardware": "h100-sxm:4", "tp": 2}, 422),
     ("post", "/v1/recommend", {"workload": "tiny-gpt2", "hardware": []}, 422),
     ("post", "/v1/recommend", {"workload": "tiny-gpt2", "hardware": ["l4"], "prices": {"h100-sxm": 1}}, 422),
     ("post", "/v1/recommend", {"workload": "tiny-gpt2", "hardware": ["l4"], "prices": {"l4": -1}}, 422),

@@ -3,6 +3,7 @@ YAML so a preset that lost a condition (or code that stopped evaluating one) fai
 
 from __future__ import annotations
 
+from advisor.parallel.layout import layout_problems
 from advisor.trial import CompileMode, TrainingConfig, inapplicable
 from search_spaces import SpaceContext
 
@@ -16,8 +17,17 @@ def violations(c: TrainingConfig, ctx: SpaceContext) -> list[str]:
         out.append("prefetch/persistent without workers")
     if c.strategy.value != "single" and (ctx.device_count < 2 or c.nproc != ctx.device_count):
         out.append(f"{c.strategy.value} with nproc {c.nproc} on {ctx.device_count} devices")
-    if c.strategy.value == "single" and c.nproc != 1:
+    parallel = c.tp * c.pp > 1
+    if c.strategy.value == "single" and c.nproc != 1 and not parallel:
         out.append("single with several processes")
+    if parallel and ctx.decoder is None:
+        out.append(f"tp {c.tp} x pp {c.pp} for a workload that is not a decoder")
+    if parallel and c.nproc != ctx.device_count:
+        out.append(f"tp {c.tp} x pp {c.pp} on {c.nproc} of {ctx.device_count} devices")
+    if parallel and ctx.decoder is not None:
+        out += layout_problems(c.layout(), world=ctx.device_count, decoder=ctx.decoder, batch_size=c.batch_size)
+    if c.pp == 1 and (c.pp_schedule.value != "1f1b" or c.microbatches is not None or c.virtual_stages != 1):
+        out.append("pipeline knobs without pp")
     if ctx.device == "cpu" and (c.precision.value in ("fp16", "tf32") or c.pin_memory
                                 or c.compile_mode in (CompileMode.reduce_overhead, CompileMode.max_autotune)):
         out.append("a CUDA-only knob on the CPU")
@@ -27,7 +37,7 @@ def violations(c: TrainingConfig, ctx: SpaceContext) -> list[str]:
         out.append("channels_last on a net without convolutions")
     if c.fused_backward and (c.strategy.value != "single" or c.grad_accum != 1):
         out.append("fused_backward with accumulation or data parallelism")
-    g = ctx.global_batch_size
-    if g is not None and c.batch_size * c.grad_accum * c.nproc != g:
-        out.append(f"{c.batch_size} x {c.grad_accum} x {c.nproc} != global batch {g}")
+    g, dp = ctx.global_batch_size, c.nproc // (c.tp * c.pp)  # tp and pp ranks of a replica share its samples
+    if g is not None and c.batch_size * c.grad_accum * dp != g:
+        out.append(f"{c.batch_size} x {c.grad_accum} x {dp} replicas != global batch {g}")
     return out

@@ -8,7 +8,7 @@ import pytest
 from advisor.hardware import get_hardware
 from advisor.trial import TrainingConfig
 from search_spaces import OomFrontier, feasibility
-from search_spaces.prune import FEASIBILITY_CACHE
+from search_spaces.prune import FEASIBILITY_CACHE, memory_key
 
 WORKLOAD = "tiny-gpt2"  # a GPT-2 shaped decoder small enough to trace quickly
 
@@ -113,3 +113,28 @@ def test_a_trial_and_its_pruning_estimate_one_world(tiny_gpu):
     over_four = estimate_memory(WORKLOAD, four, EstimateRequest(batch_size=8, strategy="zero3"),
                                 EstimateOptions(calibrate=False))
     assert predicted.total_bytes > over_four.total_bytes  # sharded over 2 holds more per device than over 4
+
+
+def test_a_layout_that_cannot_fit_is_pruned_by_its_per_rank_estimate():
+    # tp 2 x pp 2 on four 1 GiB GPUs: the per-pipeline-rank estimate (advisor.estimate.parallel) decides, not
+    # the one-device estimate, and the reason names the fullest rank and the layout.
+    from advisor.estimate.parallel import estimate_layout
+    from advisor.trial import estimate_request, trial_hardware
+
+    four = get_hardware("tiny:4")
+    FEASIBILITY_CACHE.clear()
+    huge = TrainingConfig(device="cuda", batch_size=8192, tp=2, pp=2, nproc=4, microbatches=4)
+    pruned = feasibility("tiny-decoder", {}, four, huge, 0.05)
+    assert not pruned.launch
+    assert "exceeds" in pruned.reason and "pipeline rank" in pruned.reason
+    assert pruned.reason.endswith("layout dp1 tp2 pp2 1f1b x4 mb")
+    est = estimate_layout("tiny-decoder", trial_hardware(four, huge), huge.layout(), estimate_request(huge),
+                          margin=0.05)
+    assert not est.fits and pruned.total_bytes == est.peak.total_bytes and pruned.usable_bytes == est.usable_bytes
+    assert f"pipeline rank {est.peak.stages[0]}" in pruned.reason
+    small = huge.model_copy(update={"batch_size": 8})
+    fits = feasibility("tiny-decoder", {}, four, small, 0.05)
+    assert fits.launch and fits.reason.startswith("fits")
+    # the layout's knobs are part of the memory case: another split is another estimate
+    assert memory_key(small) != memory_key(small.model_copy(update={"microbatches": 8}))
+    assert memory_key(small) != memory_key(TrainingConfig(device="cuda", batch_size=8, tp=4, nproc=4))

@@ -1,0 +1,320 @@
+"""Closed-form memory and collective bytes of one pipeline rank of a decoder under dp x tp x pp, for models too large
+to trace quickly: what advisor/parallel/program.py allocates, counted from the shapes (parallel_moments.py adds
+them up at the moments the rank's peak can fall on).
+
+Activations follow Korthikanti et al. 2022 (sec. 4.1-4.2: the tensors each layer saves for backward, with tensor
+and sequence parallel) applied to our block as analytic.py counts them. Each tp rank keeps its heads' and FFN
+slice's tensors (/ tp) and the whole norm output the column-parallel projections read (gathered under sequence
+parallel); the norms' tensors hold seq_len / tp tokens under sequence parallel, else all. Per token and layer, in
+elements (h hidden, f ffn, H heads, t tp, s = 1/t under sequence parallel else 1, n_q, n_s, n_g as analytic.py):
+  norms: RMSNorm, which computes in fp32, 2 s h fp32 each (its input, a copy of it under pure bf16, and
+      normalised x); LayerNorm s h in the residual dtype; fp32 statistics per token
+  attention: n_q h (norm out) + 4 h / t (q, k, v into SDPA, its output) + H / t fp32 (SDPA's logsumexp)
+  FFN: n_s h + 4 f / t (SwiGLU) or n_g h + 2 f / t (GELU)
+The last stage keeps the fp32 log-softmax of the whole vocabulary (the output layer gathers the logits on every tp
+rank), and under pp the logits too (a stage's output waits for its backward). ZeRO-2/3 are FSDP2 on the dp mesh:
+every parameter's dim 0 split into dp padded chunks, each block of a stage that holds two or more a unit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.estimate.parallel_moments import F32, RankDims, RankMemory, StageFigures, schedule_order
+from advisor.parallel.layout import Layout
+from advisor.workload import DecoderArch
+
+if TYPE_CHECKING:
+    from advisor.estimate.model import EstimateRequest
+    from advisor.estimate.trace import Trace
+
+
+def analytic_rank(arch: DecoderArch, layout: Layout, pp_rank: int, batch_size: int, *, precision: Precision,
+                  optimizer: OptimizerKind, checkpointing: bool = False, optimizer_impl: str | None = None,
+                  device_type: str = "cuda") -> tuple[dict[str, int], dict[str, int]]:
+    """(peak breakdown in bytes, as strategy.peak_breakdown names its parts; collective payload bytes per optimizer
+    step by kind, as comm.py counts them) of every rank of pipeline rank `pp_rank`.
+
+    `batch_size`: samples per data-parallel replica per step (split into layout.n_microbatches under pp);
+    `optimizer_impl`: as training.make_optimizer takes it (None: torch's per-parameter loop, as on a CPU);
+    `device_type`: the ranks' devices ("cpu": gloo's collectives, "cuda": NCCL's)."""
+    micro = batch_size // layout.n_microbatches if layout.pp > 1 else batch_size
+    d = _dims(arch, layout, micro, precision, device_type == "cpu")
+    stages = [_stage(arch, layout, d, s, checkpointing) for s in _stage_indices(layout, pp_rank)]
+    mem = RankMemory(arch, layout, d, stages, pp_rank, optimizer, optimizer_impl, batch_size, checkpointing)
+    comm = _comm(arch, layout, d, stages, pp_rank, checkpointing)
+    return mem.peak(), {k: v for k, v in sorted(comm.items()) if v}
+
+
+def _dims(arch: DecoderArch, layout: Layout, micro: int, precision: Precision, gloo: bool) -> RankDims:
+    pure = precision == Precision.bf16_pure
+    autocast = precision.autocast_dtype is not None
+    sp = layout.sequence_parallel and layout.tp > 1
+    return RankDims(b=micro, T=arch.seq_len, s=arch.seq_len // layout.tp if sp else arch.seq_len, t=layout.tp,
+                    r=2 if pure else 4, c=2 if pure or autocast else 4, autocast=autocast, pp=layout.pp > 1,
+                    gloo=gloo)
+
+
+def _block_shapes(arch: DecoderArch, t: int) -> tuple[tuple[int, int], ...]:
+    """One DecoderBlock on one tp rank (tensor.py's plan): wq, wk, wv and the FFN's first matrices keep 1/t of
+    their rows, wo and the FFN's last matrix 1/t of their columns; the latter's biases and the norms are whole."""
+    h, f = arch.hidden, arch.ffn_hidden // t
+    q, kv = h // t, arch.kv_heads * (h // arch.heads) // t
+    shapes = [(q, h), (kv, h), (kv, h), (h, q)]
+    if arch.bias:
+        shapes += [(q, 1), (kv, 1), (kv, 1), (h, 1)]
+    if arch.gated_ffn:  # w1, w3, w2: no biases (Llama)
+        shapes += [(f, h), (f, h), (h, f)]
+    else:  # fc, proj
+        shapes += [(f, h), (h, f)] + ([(f, 1), (h, 1)] if arch.bias else [])
+    return tuple(shapes) + _norm_shapes(arch) * 2
+
+
+def _norm_shapes(arch: DecoderArch) -> tuple[tuple[int, int], ...]:
+    return ((arch.hidden, 1),) * (1 if arch.norm == "rmsnorm" else 2)
+
+
+def _root_shapes(arch: DecoderArch, t: int, first: bool, last: bool) -> tuple[tuple[int, int], ...]:
+    """Embeddings (first stage) and final norm and output (last), vocabulary rows split by tp (rank 0 keeps the
+    larger share where tp does not divide them); a tied output is the embedding's tensor."""
+    rows = -(-arch.vocab // t)
+    shapes: list[tuple[int, int]] = []
+    if first:
+        shapes.append((rows, arch.hidden))
+        if arch.learned_positions:
+            shapes.append((-(-arch.seq_len // t), arch.hidden))
+    if last:
+        shapes += _norm_shapes(arch)
+        if not (first and arch.tied_embeddings):
+            shapes.append((rows, arch.hidden))
+    return tuple(shapes)
+
+
+def _embedding_rows(arch: DecoderArch, first: bool) -> tuple[int, ...]:
+    return ((arch.vocab,) + ((arch.seq_len,) if arch.learned_positions else ())) if first else ()
+
+
+def _stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, checkpointing: bool) -> StageFigures:
+    """Stage `index`'s figures on one tp rank (pipeline.py's DecoderStage, tensor.py's plan)."""
+    layers = layout.split(arch.layers)[index]
+    first, last = index == 0, index == layout.stages - 1
+    block, root = _block_shapes(arch, d.t), _root_shapes(arch, d.t, first, last)
+    out_rows, norms = -(-arch.vocab // d.t), sum(n for n, _ in _norm_shapes(arch))
+    block_linear = sum(a * b for a, b in block) - 2 * norms
+    # training.repeated_blocks: blocks are units (FSDP, checkpointing) only where a stage holds two or more
+    grouped = layers >= 2
+    checkpointed = checkpointing and grouped
+    full = _layer_saved(arch, d)
+    per_layer = d.b * d.s * arch.hidden * d.r if checkpointed else full  # a checkpoint keeps the block's input
+    recompute = full if checkpointed else 0  # a checkpointed block runs its forward again before its backward
+    gather, loss, head_bwd = _loss_extra(arch, d) if last else (0, 0, 0)
+    embeddings = _embedding_rows(arch, first)
+    rope = 0 if arch.learned_positions else 2 * d.T * (arch.hidden // arch.heads) * F32
+    return StageFigures(
+        first=first, last=last, layers=layers,
+        units=((block,) * layers + (root,)) if grouped else (block * layers + root,),
+        linear=layers * block_linear + out_rows * arch.hidden * last, block_linear=block_linear,
+        block_bytes=sum(a * b for a, b in block) * d.r * (layers > 0),
+        largest=max([a * b for a, b in block if b > 1] * (layers > 0) + [out_rows * arch.hidden * last]) * d.r,
+        saved=layers * per_layer + _ends_saved(arch, d, first, last, checkpointed),
+        per_layer=per_layer, first_block=per_layer * (layers > 0) + rope,
+        gather_extra=gather, loss_extra=loss, head_bwd=head_bwd,
+        block_bwd=(recompute + _block_backward(arch, d, True), recompute + _block_backward(arch, d, False)),
+        log_softmax=d.b * d.T * arch.vocab * F32 * last,
+        head=_ends_saved(arch, d, False, True) - _ends_saved(arch, d, False, False) if last else 0,
+        head_grad=out_rows * arch.hidden * d.r * last,
+        embed_grad=sum(embeddings) * arch.hidden * d.r,
+        grad_extra=sum(embeddings) * arch.hidden * d.r - sum(a * b for a, b in root[: len(embeddings)]) * d.r,
+        buffers=layout.n_microbatches * d.b * d.s * arch.hidden * d.r * ((not first) + (not last)) * d.pp)
+
+
+def _layer_saved(arch: DecoderArch, d: RankDims) -> int:
+    """Bytes one DecoderBlock saves for backward per micro-batch (module docstring)."""
+    h, f, t = arch.hidden, arch.ffn_hidden // d.t, d.t
+    tokens, local = d.b * d.T, d.b * d.s
+    norm = local * _norm_saved(arch, d)
+    read = tokens * h * (d.c if d.autocast else d.r)  # a norm's output as a projection reads it
+    attn = (3 if d.autocast else 1) * read + tokens * (4 * h // t * d.c + arch.heads // t * F32)
+    ffn = ((2 if arch.gated_ffn else 1) if d.autocast else 1) * read + tokens * (4 if arch.gated_ffn else 2) * f * d.c
+    return 2 * norm + attn + ffn
+
+
+def _norm_saved(arch: DecoderArch, d: RankDims) -> int:
+    """Bytes a norm saves per token: RMSNorm, which computes in fp32, its input in fp32 (a copy under pure bf16),
+    normalised x and 1/rms; LayerNorm its input, mean and 1/std."""
+    if arch.norm == "rmsnorm":
+        return 2 * arch.hidden * F32 + F32
+    return arch.hidden * d.r + 2 * F32
+
+
+def _norm_keeps_input(arch: DecoderArch, d: RankDims) -> bool:
+    """Whether a norm saves its input tensor itself (else an fp32 copy of it)."""
+    return arch.norm == "layernorm" or d.r == F32
+
+
+def _ends_saved(arch: DecoderArch, d: RankDims, first: bool, last: bool, checkpointed: bool = False) -> int:
+    """Bytes per micro-batch a stage saves beyond its blocks: RoPE's tables (each stage's forward makes them), the
+    head (final norm, the output layer's input, fp32 log-softmax, and under pp the logits waiting for backward), a
+    stage's output waiting for its backward (pp); less the input a later stage receives into a kept buffer where
+    the first block saves that tensor itself (`checkpointed`: its checkpoint does)."""
+    h, tokens, local = arch.hidden, d.b * d.T, d.b * d.s
+    out = 0 if arch.learned_positions else 2 * d.T * (h // arch.heads) * F32
+    if first and arch.learned_positions:
+        out += d.T * 8  # the position ids the position embedding saves
+    if last:
+        out += local * _norm_saved(arch, d) + tokens * h * (d.c if d.autocast else d.r)
+        out += tokens * arch.vocab * (F32 + (d.c if d.pp else 0))
+    elif d.pp:
+        out += local * h * d.r
+    if d.pp and not first and (checkpointed or _norm_keeps_input(arch, d)):
+        out -= local * h * d.r
+    return out
+
+
+def _loss_extra(arch: DecoderArch, d: RankDims) -> tuple[int, int, int]:
+    """Bytes beyond what the last stage saves: while the output layer gathers the logits (its vocabulary slice, the
+    gather's buffer and output), while the loss runs (the logits, their fp32 copy), and at the start of backward
+    (the fp32 gradients of the log-softmax's output and input)."""
+    logits = d.b * d.T * arch.vocab
+    counted = logits * (F32 + (d.c if d.pp else 0))  # in _ends_saved: log-softmax, logits under pp
+    shard = d.b * d.T * -(-arch.vocab // d.t)
+    gather = shard * d.c + shard * d.t * d.c + logits * d.c - counted if d.t > 1 else 0
+    loss = logits * (0 if d.pp else d.c) + logits * (F32 if d.c != F32 else 0)
+    return gather, loss, 2 * logits * F32
+
+
+def _block_backward(arch: DecoderArch, d: RankDims, first: bool) -> int:
+    """Bytes beyond the saved ones at the heights of a block's FFN backward: its last matrix's weight and input
+    gradients; then, that matrix's input freed, (SwiGLU) both gradients of the gating product; then, the FFN's
+    activations freed, the gradients of its input (each Linear's, their fp32 casts under autocast, their sum) beside
+    the FFN's weight gradients. The stage's first backward keeps its weight gradients; a later one adds each into
+    the kept one and frees it."""
+    h, f = arch.hidden, arch.ffn_hidden // d.t
+    inner, weight = d.b * d.T * f * d.c, h * f * d.r
+    matrices = 3 if arch.gated_ffn else 2
+    product = (2 if arch.gated_ffn else 1) * inner
+    reads = (2 if arch.gated_ffn else 1) if d.autocast else 1
+    saved = (4 if arch.gated_ffn else 2) * inner + reads * d.b * d.T * h * (d.c if d.autocast else d.r)
+    input_grads = (5 if d.autocast else 3) * d.b * d.T * h * d.r - saved
+    if first:
+        return max(weight + inner, weight + product, matrices * weight + input_grads)
+    return max(weight + inner, product, weight + input_grads)
+
+
+def _comm(arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigures], pp_rank: int,
+          checkpointing: bool) -> dict[str, int]:
+    """Payload bytes per optimizer step by kind (comm.py): tensor parallel's per layer, forward and backward, for
+    every micro-batch; pipeline sends and receives of hidden states and their gradients; the data-parallel
+    strategy's once per step (ZeRO: per FSDP unit, each time the schedule finds it sharded)."""
+    from collections import Counter
+
+    out: Counter[str] = Counter()
+    n = layout.n_microbatches if d.pp else 1
+    hidden = d.b * d.s * arch.hidden * d.r
+    for st in stages:
+        if d.t > 1:
+            for kind, nbytes in _tensor_comm(arch, d, st, checkpointing).items():
+                out[kind] += n * nbytes
+        if d.pp:
+            out["send"] += n * hidden * ((not st.first) + (not st.last))
+            out["recv"] += n * hidden * ((not st.first) + (not st.last))
+    if layout.dp > 1:
+        _data_comm(out, arch, layout, d, stages, pp_rank)
+    return dict(out)
+
+
+def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing: bool) -> dict[str, int]:
+    """One micro-batch's tensor-parallel collectives on one stage, forward and backward. Sequence parallel: each
+    column-parallel region gathers its input (a norm's output, residual dtype) and its backward reduce-scatters the
+    gradient; each row-parallel output (compute dtype) is reduce-scattered and its gradient gathered. Without it,
+    all-reduces of the row-parallel outputs and of the regions' input gradients. A checkpointed block's backward
+    runs its forward again as far as its last saved tensor (the FFN's last matrix's input): both gathers, and the
+    attention's reduce-scatter (all-reduce without sequence parallel)."""
+    bth = d.b * d.T * arch.hidden
+    again = checkpointing and st.layers >= 2
+    logits = d.b * d.T * d.t * -(-arch.vocab // d.t) * d.c
+    sp = d.s != d.T
+    out = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
+    if sp:
+        out["all_gather"] += st.layers * bth * (2 * d.r * (2 if again else 1) + 2 * d.c)
+        out["reduce_scatter"] += st.layers * bth * (d.c * (3 if again else 2) + 2 * d.r)
+    else:
+        out["all_reduce"] += st.layers * bth * (d.c * (3 if again else 2) + 2 * d.r)
+    if st.first:  # the embeddings' vocabulary-parallel lookups are all-reduced; sp then keeps this rank's tokens
+        out["all_reduce"] += bth * d.r + (d.T * arch.hidden * d.r if arch.learned_positions else 0)
+        out["all_gather"] += bth * d.r if sp else 0
+    if st.last:  # the output layer's input gathered (sp), its logits gathered whole
+        out["all_gather"] += logits + (bth * d.r if sp else 0)
+        out["reduce_scatter" if sp else "all_reduce"] += bth * d.r
+    return out
+
+
+def _data_comm(out: dict[str, int], arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigures],
+               pp_rank: int) -> None:
+    """DDP all-reduces every gradient once a step. FSDP2 gathers a unit (its padded shards) each time a forward or
+    backward finds it sharded, reduce-scatters its padded gradients once a step, and all-reduces over tp the
+    gradients of the parameters tp replicates (norms)."""
+    units = [[sum(a * b for a, b in u) * d.r for u in st.units] for st in stages]
+    if layout.strategy == Strategy.ddp:
+        out["all_reduce"] += sum(map(sum, units))
+        return
+    dp = layout.dp
+    padded = [sum(sum(-(-a // dp) * dp * b for a, b in u) for u in st.units) * d.r for st in stages]
+    gathers = _gathers(layout, pp_rank, len(stages))
+    out["all_gather"] += sum(g * p for g, p in zip(gathers, padded))
+    out["reduce_scatter"] += sum(padded)
+    if d.t > 1:
+        norms = sum(a for a, _ in _norm_shapes(arch))
+        out["all_reduce"] += sum(2 * st.layers + st.last for st in stages) * norms * d.r
+
+
+def _gathers(layout: Layout, pp_rank: int, count: int) -> list[int]:
+    """All-gathers per FSDP unit of each local stage in a step: a forward or backward that finds the unit sharded
+    gathers it; ZeRO-3 reshards after each forward, and after each backward without pp (pipelining keeps the
+    parameters until its last backward); ZeRO-2 keeps them until the step's backward ends."""
+    zero3 = layout.strategy == Strategy.zero3
+    gathered, counts = [False] * count, [0] * count
+    for kind, i in schedule_order(layout, pp_rank):
+        counts[i] += not gathered[i]
+        gathered[i] = (kind == "B" and layout.pp > 1) or (kind == "F" and not zero3)
+    return counts
+
+
+def analytic_rank_trace(arch: DecoderArch, layout: Layout, pp_rank: int, request: EstimateRequest, *,
+                        device_type: str, optimizer_impl: str | None = None) -> tuple[Trace, dict[str, int]]:
+    """`analytic_rank` as a one-moment synthetic Trace (the peak, its parts in trace.py's categories, so that
+    strategy.peak_breakdown reads them back and overhead.cuda_overhead treats it as formulas) and the collective
+    bytes: what estimate_layout takes from a rank's trace."""
+    import numpy as np
+
+    from advisor.estimate.trace import (
+        ACTIVATIONS,
+        CATEGORY_NAMES,
+        GRADS,
+        OPT_STATE,
+        PARAMS,
+        TEMPORARIES,
+        Trace,  # noqa: F811 - the runtime import of the annotation's class
+    )
+
+    parts, comm = analytic_rank(arch, layout, pp_rank, request.batch_size, precision=request.precision,
+                                optimizer=request.optimizer, checkpointing=request.checkpointing,
+                                optimizer_impl=optimizer_impl, device_type=device_type)
+    row = np.zeros((1, len(CATEGORY_NAMES)), dtype=np.int64)
+    for name, cat in (("parameters", PARAMS), ("gradients", GRADS), ("optimizer_state", OPT_STATE),
+                      ("activations", ACTIVATIONS), ("temporaries", TEMPORARIES)):
+        row[0, cat] = parts[name]
+    total = int(row.sum())
+    layers = [layout.split(arch.layers)[s] for s in _stage_indices(layout, pp_rank)]
+    block = sum(a * b for a, b in _block_shapes(arch, layout.tp))
+    trace = Trace(curve=row, sizes=np.asarray([total], dtype=np.int64), ids=np.zeros(1, dtype=np.int64),
+                  param_bytes=parts["parameters"], grad_bytes=parts["gradients"],
+                  opt_state_bytes=parts["optimizer_state"], largest_block_bytes=block * (4 if
+                  request.precision != Precision.bf16_pure else 2), flops_per_step=0,
+                  num_params=sum(layers) * block, seconds=0.0, synthetic=True)
+    return trace, comm
+
+
+def _stage_indices(layout: Layout, pp_rank: int) -> list[int]:
+    return [pp_rank + v * layout.pp for v in range(layout.virtual_stages)]

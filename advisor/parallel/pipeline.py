@@ -1,0 +1,89 @@
+"""Pipeline parallel: a decoder cut into stages of consecutive layers, run by torch.distributed.pipelining.
+
+The first stage embeds the tokens, the last applies the final norm, the head and the loss; each stage sends its
+hidden states (micro-batch x tokens x hidden, tokens / tp under sequence parallel) to the next, and their
+gradients come back. Rank r of the pipeline holds stages r, r + pp, ... (one, or virtual_stages when looped).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from advisor.parallel.layout import Layout, PipelineSchedule
+
+
+class DecoderStage(nn.Module):
+    """Layers [lo, hi) of a decoder (advisor/presets/decoders.py); the first stage also holds the embeddings, the
+    last the final norm and the output head. Its modules are the decoder's own objects, under the same names, so
+    the tensor-parallel plan and the decoder's initialisation apply to them unchanged."""
+
+    def __init__(self, decoder: Any, lo: int, hi: int, *, first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        self.tokens_per_shard = 1  # tp under sequence parallel: each rank's hidden states hold tokens / tp
+        if first:
+            self.tok_embeddings = decoder.tok_embeddings
+            self.pos_embeddings = decoder.pos_embeddings
+        self.blocks = nn.ModuleList(decoder.blocks[lo:hi])
+        if last:
+            self.norm, self.output = decoder.norm, decoder.output
+        object.__setattr__(self, "_decoder", decoder)  # for embed/rope/head, not a submodule of the stage
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """First stage: token ids (B, T) in; else hidden states. Last stage: logits (B, T, V) out; else hidden."""
+        dec = self._decoder
+        if self.first:
+            x = dec.embed(x)
+        rope = dec.rope(x.shape[1] * (1 if self.first else self.tokens_per_shard), x.device)
+        for block in self.blocks:
+            x = block(x, rope)
+        return dec.head(x) if self.last else x
+
+
+def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
+    """The stages pipeline rank `pp_rank` holds (looped placement: r, r + pp, ...)."""
+    return [pp_rank + v * layout.pp for v in range(layout.virtual_stages)]
+
+
+def build_stages(decoder: Any, layout: Layout, pp_rank: int) -> list[DecoderStage]:
+    """This rank's stages of `decoder` (its layers split by `layout.split`)."""
+    bounds = [0]
+    for n in layout.split(len(decoder.blocks)):
+        bounds.append(bounds[-1] + n)
+    last = layout.stages - 1
+    return [DecoderStage(decoder, bounds[s], bounds[s + 1], first=s == 0, last=s == last)
+            for s in stage_ids(layout, pp_rank)]
+
+
+def make_schedule(stages: list[nn.Module], layout: Layout, *, pp_rank: int, group: Any, device: Any,
+                  microbatch: int, seq_len: int, hidden: int, vocab: int, tp_shards: int, loss_fn: Any,
+                  hidden_dtype: Any, logits_dtype: Any) -> Any:
+    """The schedule that runs `stages` (this rank's) with the other ranks of the pipeline `group`.
+
+    Stage inputs and outputs are given by shape, so no rank infers them from a run: micro-batch x seq_len token
+    ids into the first stage, micro-batch x seq_len / tp_shards x hidden states between stages, logits out of the
+    last."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    tokens = seq_len // tp_shards
+    hidden_state = torch.empty(microbatch, tokens, hidden, dtype=hidden_dtype, device=device)
+    ids = torch.zeros(microbatch, seq_len, dtype=torch.int64, device=device)
+    logits = torch.empty(microbatch, seq_len, vocab, dtype=logits_dtype, device=device)
+    pipe = []
+    for module, s in zip(stages, stage_ids(layout, pp_rank)):
+        module.tokens_per_shard = tp_shards
+        inp = ids if s == 0 else hidden_state
+        out = logits if s == layout.stages - 1 else hidden_state
+        last = s == layout.stages - 1
+        # gradients: of the hidden states a stage received (none for token ids), and of what it sent on
+        pipe.append(PipelineStage(module, s, layout.stages, device, input_args=(inp,), output_args=(out,),
+                                  input_grads=(None if s == 0 else hidden_state,),
+                                  output_grads=(None if last else hidden_state,), group=group))
+    n = layout.n_microbatches
+    if layout.schedule == PipelineSchedule.interleaved_1f1b:
+        return ScheduleInterleaved1F1B(pipe, n, loss_fn=loss_fn)
+    cls = ScheduleGPipe if layout.schedule == PipelineSchedule.gpipe else Schedule1F1B
+    return cls(pipe[0], n, loss_fn=loss_fn)

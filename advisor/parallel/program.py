@@ -1,0 +1,192 @@
+"""One rank's program in a parallel run: its part of the model (a pipeline stage or the whole), tensor parallel
+applied, the data-parallel strategy around it, its optimizer, and a training step.
+
+The measured trial runs it on real ranks; the estimator runs the same program under fake tensors and a fake
+process group of the layout's size, so what it predicts is what this code allocates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.parallel.layout import MESH_DIMS, Layout
+from advisor.workload import Workload
+
+
+@dataclass
+class RankProgram:
+    """What one rank runs. `model` holds every parameter this rank owns (a ModuleList of stages under pp);
+    `step(batch, phase)` is one optimizer step on this rank's share of `batch` (the dp replica's samples: the
+    whole of it on every tp rank, split into micro-batches along the pipeline)."""
+
+    layout: Layout
+    coords: dict[str, int]
+    model: nn.Module
+    optimizers: list[torch.optim.Optimizer]
+    step: Callable[..., Any]
+    mesh: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def build_program(workload: Workload, layout: Layout, *, rank: int, device_type: str, device: Any,
+                  precision: Precision, optimizer: OptimizerKind, optimizer_impl: str | None = None,
+                  checkpointing: bool = False, batch_size: int, build: Callable[[], nn.Module] | None = None,
+                  mesh: Any = None) -> RankProgram:
+    """This rank's program, in a process group of `layout.world` ranks that is already initialised.
+
+    A model that initialises itself (`init_weights()`, as the decoder presets do) is built on the meta device,
+    cut to this rank's pipeline stages and sharded for tensor parallel there, and only then given memory on
+    `device` and initialised: no rank ever holds the whole model. Any other model is built whole by `build`
+    (default `workload.build`) and then sharded. `mesh`: the layout's device mesh (`make_mesh`), made here where
+    not given."""
+    mesh = mesh if mesh is not None else make_mesh(layout, device_type)
+    coords = layout.coords(rank)
+    if layout.pp > 1:
+        return _pipeline_program(workload, layout, mesh, coords, device=device, device_type=device_type,
+                                 precision=precision, optimizer=optimizer, optimizer_impl=optimizer_impl,
+                                 checkpointing=checkpointing, batch_size=batch_size)
+    from advisor.training import make_optimizer, prepare, train_step
+
+    model = _built_on_meta(workload)
+    if model is not None:
+        _tensor_parallel(model, layout, mesh)
+        materialize(model, device)
+        model.init_weights()
+    else:
+        model = _tensor_parallel((build or workload.build)().to(device), layout, mesh)
+    ctx = prepare(model, workload.loss_fn, precision=precision, optimizer=optimizer, device_type=device_type,
+                  optimizer_impl=optimizer_impl, checkpointing=checkpointing,
+                  wrap=lambda m: _data_parallel(m, layout, mesh, precision),
+                  make_opt=lambda m: make_optimizer(optimizer, [p for p in m.parameters() if p.requires_grad],
+                                                    optimizer_impl))
+
+    def step(batch: Any, phase: Callable[[str], None] | None = None, **kwargs: Any) -> Any:
+        return train_step(ctx, batch, phase, **kwargs)
+
+    return RankProgram(layout=layout, coords=coords, model=ctx.model, optimizers=ctx.optimizers, step=step, mesh=mesh)
+
+
+def make_mesh(layout: Layout, device_type: str) -> Any:
+    """The pp x dp x tp device mesh over the process group's ranks (made outside any fake-tensor mode: the mesh
+    reads its own rank table)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS)
+
+
+def _built_on_meta(workload: Workload) -> nn.Module | None:
+    """The workload's model built on the meta device where it can initialise itself afterwards, else None."""
+    if workload.decoder is None:
+        return None
+    with torch.device("meta"):
+        model = workload.build_model()
+    return model if callable(getattr(model, "init_weights", None)) else None
+
+
+def _tensor_parallel(module: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
+    from advisor.parallel.tensor import apply_tensor_parallel
+
+    if layout.tp > 1:
+        apply_tensor_parallel(module, mesh["tp"], sequence_parallel=layout.sequence_parallel)
+    return module
+
+
+def _data_parallel(module: nn.Module, layout: Layout, mesh: Any, precision: Precision) -> nn.Module:
+    """The data-parallel strategy over mesh['dp'], around the tensor-parallel module (torchtitan's order)."""
+    if precision == Precision.bf16_pure:
+        module.to(torch.bfloat16)  # FSDP2 and DDP size their buffers from the dtype at wrap time
+    if layout.dp == 1:
+        return module
+    if layout.strategy == Strategy.ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(module, process_group=mesh["dp"].get_group())
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from advisor.training import repeated_blocks
+
+    reshard = layout.strategy == Strategy.zero3
+    policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)  # autocast casts per op, as in a trial
+    for block in repeated_blocks(module):
+        fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(module, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=policy)
+    return module
+
+
+def materialize(module: nn.Module, device: Any) -> None:
+    """Give each meta-device parameter and buffer of `module` uninitialised memory on `device`, in place: a
+    DTensor keeps its placements, with a local shard of its own size (as `to_empty`, whose tensor swap refuses a
+    fake tensor)."""
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None and p.is_meta:
+                sub._parameters[name] = nn.Parameter(_empty_like(p, device), p.requires_grad)
+        for name, b in list(sub._buffers.items()):
+            if b is not None and b.is_meta:
+                sub._buffers[name] = _empty_like(b, device)
+
+
+def _empty_like(t: torch.Tensor, device: Any) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        local = torch.empty_like(t.to_local(), device=device)
+        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                  stride=t.stride())
+    return torch.empty_like(t, device=device)
+
+
+def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dict[str, int], *, device: Any,
+                      device_type: str, precision: Precision, optimizer: OptimizerKind, optimizer_impl: str | None,
+                      checkpointing: bool, batch_size: int) -> RankProgram:
+    """Under pp: this rank's stages built from a meta-device decoder, sharded, scheduled."""
+    from advisor.parallel.pipeline import build_stages, make_schedule
+    from advisor.presets._util import token_cross_entropy
+    from advisor.training import apply_activation_checkpointing, make_optimizer
+
+    arch = workload.decoder
+    if arch is None:
+        raise ValueError(f"pp needs a decoder; {workload.name} is not one")
+    if precision == Precision.fp16:
+        raise ValueError("fp16 with pp is not supported (its loss scaler would need every stage's inf check); "
+                         "use bf16")
+    with torch.device("meta"):
+        decoder = workload.build_model()
+    stages = build_stages(decoder, layout, coords["pp"])
+    for stage in stages:
+        _tensor_parallel(stage, layout, mesh)
+        materialize(stage, device)
+    decoder.init_weights()  # the meta-device layers of other ranks' stages cost nothing
+    for stage in stages:
+        if checkpointing:
+            apply_activation_checkpointing(stage)
+        _data_parallel(stage, layout, mesh, precision)
+    dtype = torch.bfloat16 if precision == Precision.bf16_pure else torch.float32
+    autocast = precision.autocast_dtype
+    schedule = make_schedule(stages, layout, pp_rank=coords["pp"], group=mesh["pp"].get_group(), device=device,
+                             microbatch=batch_size // layout.n_microbatches, seq_len=arch.seq_len, hidden=arch.hidden,
+                             vocab=arch.vocab, tp_shards=layout.tp if layout.sequence_parallel else 1,
+                             loss_fn=token_cross_entropy, hidden_dtype=dtype, logits_dtype=autocast or dtype)
+    model = nn.ModuleList(stages)
+    opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], optimizer_impl)
+    first, last = stages[0].first, stages[-1].last
+
+    def step(batch: Any, phase: Callable[[str], None] | None = None, **_: Any) -> None:
+        phase = phase or (lambda _name: None)
+        inputs, targets = batch
+        phase("forward")  # forwards and backwards interleave by micro-batch: one phase for both
+        with torch.autocast(device_type, dtype=autocast) if autocast else contextlib.nullcontext():
+            args = (inputs.contiguous(),) if first else ()  # the stage was declared with contiguous ids
+            schedule.step(*args, target=targets if last else None, return_outputs=False)
+        phase("step")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        phase("done")
+
+    return RankProgram(layout=layout, coords=coords, model=model, optimizers=[opt], step=step, mesh=mesh)

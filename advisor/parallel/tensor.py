@@ -1,0 +1,140 @@
+"""Tensor parallel as Megatron-LM lays it out, run by DTensor's `parallelize_module`.
+
+Attention's q, k, v projections and the FFN's first matrices split column-wise (each rank holds heads/tp heads and
+ffn/tp of the inner width), the output projections row-wise; with sequence parallel the norms and residual stream
+between them hold seq_len/tp tokens per rank, gathered before each column-wise region and reduce-scattered after
+the row-wise one (Korthikanti et al. 2022). A model that is not a decoder gets its consecutive Linear pairs split
+column- then row-wise; what no plan covers is replicated.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+
+# The decoder layout (advisor/presets/decoders.py): FFN matrices by kind; w1 and w3 feed w2, fc feeds proj.
+FFN_COLUMN = ("w1", "w3", "fc")
+FFN_ROW = ("w2", "proj")
+
+
+def is_decoder(model: Any) -> bool:
+    """Whether `model` has the decoder layout the plan names: blocks of attn (wq, wk, wv, wo) and ffn, with the
+    embeddings, final norm and output where it holds them (a pipeline stage may hold none)."""
+    blocks = getattr(model, "blocks", None)
+    return bool(blocks) and all(hasattr(b, "attn") and hasattr(b, "ffn") and hasattr(b.attn, "wq") for b in blocks)
+
+
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool = True) -> nn.Module:
+    """Shard `model` over the 1-D tensor-parallel `mesh` in place; returns it. Every parameter becomes a DTensor
+    on `mesh` (sharded or replicated), so one optimizer steps them all."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = decoder_plan(model, sequence_parallel) if is_decoder(model) else pair_plan(model)
+    tied = _tied(model)
+    parallelize_module(model, mesh, plan)
+    if tied:  # parallelize_module distributed each module's copy of the tied weight apart; tie them again
+        model.output.weight = model.tok_embeddings.weight
+    _replicate_rest(model, mesh)
+    return model
+
+
+def _tied(model: Any) -> bool:
+    emb, out = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
+    return emb is not None and out is not None and out.weight is emb.weight
+
+
+def decoder_plan(model: Any, sequence_parallel: bool) -> dict[str, Any]:
+    """parallelize_module's plan for a decoder (or a pipeline stage of one: the parts it holds)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    sp = sequence_parallel
+    between = Shard(1) if sp else Replicate()  # the residual stream's layout between tp regions
+    plan: dict[str, Any] = {}
+    for name in ("tok_embeddings", "pos_embeddings"):
+        if getattr(model, name, None) is not None:
+            plan[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if getattr(model, "tok_embeddings", None) is not None and sp:
+        # the embedding's output is whole on every rank: keep this rank's tokens for the first block
+        plan["blocks.0"] = PrepareModuleInput(input_layouts=(Replicate(), None), desired_input_layouts=(Shard(1), None),
+                                              use_local_output=True)
+    for i, block in enumerate(model.blocks):
+        prefix = f"blocks.{i}."
+        if sp:
+            plan[prefix + "attn_norm"] = SequenceParallel()
+            plan[prefix + "ffn_norm"] = SequenceParallel()
+        plan[prefix + "attn"] = PrepareModuleInput(input_layouts=(between, None),
+                                                   desired_input_layouts=(Replicate(), None))
+        plan[prefix + "ffn"] = PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),))
+        for proj in ("wq", "wk", "wv"):
+            plan[prefix + "attn." + proj] = ColwiseParallel()
+        plan[prefix + "attn.wo"] = RowwiseParallel(output_layouts=between)
+        for name in FFN_COLUMN:
+            if hasattr(block.ffn, name):
+                plan[prefix + "ffn." + name] = ColwiseParallel()
+        for name in FFN_ROW:
+            if hasattr(block.ffn, name):
+                plan[prefix + "ffn." + name] = RowwiseParallel(output_layouts=between)
+    if getattr(model, "norm", None) is not None and sp:
+        plan["norm"] = SequenceParallel()
+    if getattr(model, "output", None) is not None:
+        # logits whole on every rank for the loss (a vocab-parallel loss would keep them sharded)
+        plan["output"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate())
+    return plan
+
+
+def pair_plan(model: Any) -> dict[str, Any]:
+    """Consecutive Linear layers, in module order, split as (column, row) pairs: between the two, each rank holds
+    out_features/tp of the hidden units, and the row-wise layer's all-reduce makes its output whole again.
+    Raises ValueError where no pair exists (nothing for tensor parallel to split)."""
+    from torch import nn
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    plan: dict[str, Any] = {}
+    i = 0
+    while i + 1 < len(linears):
+        (a, la), (b, lb) = linears[i], linears[i + 1]
+        if la.out_features == lb.in_features:
+            plan[a], plan[b] = ColwiseParallel(), RowwiseParallel()
+            i += 2
+        else:
+            i += 1
+    if not plan:
+        raise ValueError(f"{type(model).__name__} has no pair of consecutive Linear layers for tensor parallel "
+                         "to split")
+    return plan
+
+
+def _replicate_rest(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Each module whose own parameters the plan left as plain tensors is replicated on `mesh`: its inputs enter as
+    replicated DTensors and its outputs leave as local tensors, so it computes as before and its parameters join
+    the others in one optimizer."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+
+    def to_dtensor(_mod: Any, inputs: tuple, device_mesh: Any) -> tuple:
+        return tuple(DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
+                     if _is_plain(x) and x.is_floating_point() else x for x in inputs)
+
+    def to_local(_mod: Any, out: Any, _mesh: Any) -> Any:
+        return out.to_local() if isinstance(out, DTensor) else out
+
+    for module in list(model.modules()):
+        own = list(module.parameters(recurse=False))
+        if own and any(not isinstance(p, DTensor) for p in own):
+            distribute_module(module, mesh, input_fn=to_dtensor, output_fn=to_local)
+
+
+def _is_plain(x: Any) -> bool:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
