@@ -132,8 +132,19 @@ def glance_rows() -> list[list[str]]:
                          m["started"][:10]])
     rows += _held_out_glance() + [_largest_glance(), _speed_glance()]
     rows += [_cuda_glance(stem, gpu) for stem, gpu in (("accuracy-cuda", "H100"), ("accuracy-cuda-h200", "H200"))]
-    rows += [_calibration_glance()] + _md_glance() + [_isolation_glance()]
+    rows += [_calibration_glance()] + _md_glance() + [_isolation_glance(), _parallel_glance()]
     return rows
+
+
+def _parallel_glance() -> list[str]:
+    res = _load("parallel-accuracy")
+    m, s = res["meta"], res["summary"]
+    return ["[Parallel layouts on gloo](#parallel-layouts-on-gloo): each rank's estimate vs its measured live-tensor "
+            "peak; collective bytes", f"{_apct(s['median'])} / {_apct(s['max'])} (alone: {_apct(s['alone_median'])} / "
+            f"{_apct(s['alone_max'])}); {100 * s['comm_max']:.2f}%", "≤ 1% / ≤ 3%; ≤ 1%",
+            f"{_yes(s['median'] <= 0.01 and s['max'] <= 0.03)}; {_yes(s['comm_max'] <= 0.01)}",
+            f"run-to-run spread {_apct(s['spread_median'])} / {_apct(s['spread_max'])}", m["machine"],
+            f"`{m['commit']}`", m["date"]]
 
 
 def _held_out_glance() -> list[list[str]]:
@@ -378,6 +389,12 @@ def md_sections() -> list[str]:
          "`POST /v1/recommend` answered from stored results to 200 concurrent clients over loopback, against "
          "`advisor serve` in its own process. The answers come from a cache in front of the app keyed by the "
          "request's bytes (`api/fastpath.py`), checked against the store's best-generation."),
+        ("Parallel layouts on gloo", "parallel-accuracy", None,
+         "Each rank's estimate of a layout dp x tp x pp (`advisor.estimate.parallel.estimate_layout`: one rank of each "
+         "pipeline stage traced under a fake process group) against the same rank run for real on gloo ranks on "
+         "this CPU: its live-tensor peak from the profiler (the lowest of the runs, and their spread), the same "
+         "program alone in a process group whose collectives return at once (its own tensor lifetimes), and the "
+         "payload bytes of its collectives by kind. Decoder shapes Llama-like, GPT-like and wide MHA, and an MLP."),
         ("Cost of isolation", "isolation-latency", None,
          "What running a named workload's estimate in an isolated worker (`advisor.isolation.estimate`, the path of "
          "the CLI, the trial runner, the tuner and the API) costs beside `estimate_memory` in the caller's process, "

@@ -329,7 +329,8 @@ def _dispatch_mode(tracker: Tracker):
                     tracker.track(t, category)
             if collective is not None and collective[0] in GLOO_BUFFERED and tracker.gloo:
                 # gloo stages an all-gather's output and a reduce-scatter's input in a buffer of its own, the
-                # payload's size, while it runs (bench/gloo_buffers.py, bench/results/gloo-buffers.json)
+                # payload's size, while it runs (bench/research/gloo_buffers.py,
+                # bench/results/archive/gloo-buffers.json)
                 tracker.scratch(collective[1])
             if func.overloadpacket in cublas_ops:
                 thread = "backward" if tracker.phase == "backward" else "main"

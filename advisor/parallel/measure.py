@@ -60,11 +60,10 @@ def measure_ranks(req: RankMeasureRequest, timeout_s: float = 600.0) -> list[Ran
     """Run `req` on `req.layout.world` fresh local processes; their measurements in rank order."""
     from advisor.measure import PROFILED_MMAP_THRESHOLD
     from advisor.procmem import malloc_env
-    from probes.runner import _free_port
 
     world = req.layout.world
     env = dict(malloc_env(PROFILED_MMAP_THRESHOLD), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()))
+               MASTER_PORT=str(free_port()))
     with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as out:
         procs = []
         for rank in range(world):
@@ -76,6 +75,15 @@ def measure_ranks(req: RankMeasureRequest, timeout_s: float = 600.0) -> list[Ran
         if errors:
             raise TrialError(f"parallel measurement of {req.workload} ({req.layout.label()}) failed: {errors[0]}")
         return [RankMeasure.model_validate_json(open(os.path.join(out, f"{r}")).read()) for r in range(world)]
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now (the ranks' rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What gloo allocates inside a collective beside its output, on two CPU ranks (the estimator's rank traces add it).
 
-    .venv/bin/python bench/gloo_buffers.py [--out bench/results/gloo-buffers.json]
+    .venv/bin/python bench/research/gloo_buffers.py [--out bench/results/archive/gloo-buffers.json]
 
 Each collective runs once on a 1 MiB fp32 input under the profiler; the live-bytes peak over the call, less its input
 (alive before) and its output, is the buffer gloo held inside it, here as a multiple of the output's bytes.
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 N = 1 << 18  # elements: 1 MiB of fp32
 
 
@@ -68,16 +68,16 @@ def rank_main(rank: int, port: str, out: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "bench/results/gloo-buffers.json"))
+    parser.add_argument("--out", default=str(ROOT / "bench/results/archive/gloo-buffers.json"))
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank is not None:
         rank_main(args.rank, args.port, args.out)
     sys.path.insert(0, str(ROOT))
-    from probes.runner import _free_port
+    from advisor.parallel.measure import free_port
 
-    port = str(_free_port())
+    port = str(free_port())
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", port, "--out", args.out])
              for r in range(2)]
     return max(p.wait() for p in procs)
