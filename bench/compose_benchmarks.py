@@ -143,7 +143,7 @@ def _parallel_glance() -> list[str]:
             "peak; collective bytes", f"{_apct(s['median'])} / {_apct(s['max'])} (alone: {_apct(s['alone_median'])} / "
             f"{_apct(s['alone_max'])}); {100 * s['comm_max']:.2f}%", "≤ 1% / ≤ 3%; ≤ 1%",
             f"{_yes(s['median'] <= 0.01 and s['max'] <= 0.03)}; {_yes(s['comm_max'] <= 0.01)}",
-            f"run-to-run spread {_apct(s['spread_median'])} / {_apct(s['spread_max'])}", m["machine"],
+            f"run-to-run spread {_apct(s['spread_median'])} / {_apct(s['spread_max'])}", cpu_machine(m),
             f"`{m['commit']}`", m["date"]]
 
 

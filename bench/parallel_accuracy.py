@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import statistics
 import subprocess
 import sys
@@ -135,7 +135,8 @@ def summary(results: list[dict]) -> dict[str, Any]:
 
 def markdown(results: list[dict], s: dict[str, Any], meta: dict[str, Any]) -> str:
     pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
-    lines = [f"`{meta['command']}` on {meta['commit']}, {meta['machine']}, {meta['date']}.", "",
+    where = f"{meta['machine']['cpu']}, {meta['cpu_count']} CPUs"
+    lines = [f"`{meta['command']}` on {meta['commit']}, {where}, {meta['date']}.", "",
              f"Allocated peak per rank (the profiler's, lowest of {meta['runs']} runs) against the estimate: median "
              f"{pct(s['median'])}, max {pct(s['max'])} over {s['ranks']} ranks (goal {pct(GOAL_MEDIAN)} / "
              f"{pct(GOAL_MAX)}); collective bytes max error {100 * s['comm_max']:.2f}% (goal {pct(GOAL_COMM)}): "
@@ -166,23 +167,17 @@ def main() -> int:
     from rich.progress import track
 
     results = [run_case(*c, runs=args.runs) for c in track(cases(args.cases), description="cases")]
+    from bench.estimate_accuracy import machine
+
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     meta = {"command": "bench/parallel_accuracy.py " + " ".join(sys.argv[1:]), "commit": commit.strip(),
-            "machine": f"{platform.processor() or platform.machine()}, {_cpu_model()}",
-            "date": time.strftime("%Y-%m-%d"), "runs": args.runs}
+            "machine": machine(), "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "runs": args.runs}
     s = summary(results)
     s["speed"] = speed()
     Path(args.out).write_text(json.dumps({"meta": meta, "summary": s, "cases": results}, indent=1))
     Path(args.out).with_suffix(".md").write_text(markdown(results, s, meta))
     print(markdown(results, s, meta))
     return 0
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -99,6 +99,11 @@ def _tensor_parallel(module: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
 
 def _data_parallel(module: nn.Module, layout: Layout, mesh: Any, precision: Precision) -> nn.Module:
     """The data-parallel strategy over mesh['dp'], around the tensor-parallel module (torchtitan's order)."""
+    import warnings
+
+    # FSDP2 warns of every root module that returns a view (the logits, after the output layer's gather): an
+    # in-place op on it would skip its backward hook, and the losses here make none
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     if precision == Precision.bf16_pure:
         module.to(torch.bfloat16)  # FSDP2 and DDP size their buffers from the dtype at wrap time
     if layout.dp == 1:
