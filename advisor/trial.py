@@ -73,6 +73,8 @@ class TrainingConfig(BaseModel):
     microbatches: int | None = Field(default=None, ge=1, description="Micro-batches per step through the pipeline; "
                                      "None: pp x virtual_stages.")
     virtual_stages: int = Field(default=1, ge=1, description="Pipeline stages per pp rank (interleaved-1f1b).")
+    stage_layers: tuple[int, ...] | None = Field(default=None, description="Layers of each pipeline stage, first to "
+                                                 "last; None: as even as the layers allow.")
     sequence_parallel: bool = Field(default=True, description="With tp: norms and residuals sharded along the "
                                     "sequence between tensor-parallel regions.")
     pinning: Pinning = Pinning.none
@@ -98,7 +100,8 @@ class TrainingConfig(BaseModel):
 
 def _layout_fields(c: TrainingConfig) -> dict[str, Any]:
     return dict(dp=c.nproc // (c.tp * c.pp), tp=c.tp, pp=c.pp, strategy=c.strategy, schedule=c.pp_schedule,
-                microbatches=c.microbatches, virtual_stages=c.virtual_stages, sequence_parallel=c.sequence_parallel)
+                microbatches=c.microbatches, virtual_stages=c.virtual_stages, stage_layers=c.stage_layers,
+                sequence_parallel=c.sequence_parallel)
 
 
 def _structural_problems(c: TrainingConfig) -> list[str]:
@@ -123,7 +126,7 @@ def _structural_problems(c: TrainingConfig) -> list[str]:
         out.append("fused_backward runs with strategy single only")
     if c.optimizer == OptimizerKind.rowwise_adagrad and c.optimizer_impl is not None:
         out.append("rowwise-adagrad has one implementation; leave optimizer_impl unset")
-    pipeline_knobs = [k for k in ("pp_schedule", "microbatches", "virtual_stages")
+    pipeline_knobs = [k for k in ("pp_schedule", "microbatches", "virtual_stages", "stage_layers")
                       if getattr(c, k) != TrainingConfig.model_fields[k].default]
     if c.pp == 1 and pipeline_knobs:
         out.append(f"pipeline knob(s) {', '.join(pipeline_knobs)} need pp > 1; set pp or leave them unset")

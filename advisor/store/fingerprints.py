@@ -30,7 +30,7 @@ def config_hash(config: "TrainingConfig") -> str:
 
 
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "pp_schedule": "1f1b", "microbatches": None, "virtual_stages": 1,
-                   "sequence_parallel": True}
+                   "stage_layers": None, "sequence_parallel": True}
 
 
 def hardware_fingerprint(hw: "HardwareSpec") -> str:

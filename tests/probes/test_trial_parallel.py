@@ -85,6 +85,7 @@ def test_layout_follows_the_knobs():
     assert c.layout() == Layout(dp=2, tp=2, strategy="zero3")
     assert TrainingConfig(nproc=2, pp=2, microbatches=4).layout().n_microbatches == 4
     assert not TrainingConfig(nproc=2, strategy="ddp").layout().parallel
+    assert TrainingConfig(nproc=2, pp=2, stage_layers=[3, 1]).layout().split(4) == (3, 1)
 
 
 @pytest.mark.parametrize("knobs, says", [
@@ -96,6 +97,7 @@ def test_layout_follows_the_knobs():
     ({"nproc": 2, "pp": 2, "grad_accum": 2}, "grad_accum 2 runs with tp = pp = 1 only"),
     ({"nproc": 2, "pp": 2, "precision": "fp16"}, "fp16 with pp is not supported"),
     ({"microbatches": 4}, "pipeline knob(s) microbatches need pp > 1"),
+    ({"stage_layers": [1, 1]}, "pipeline knob(s) stage_layers need pp > 1"),
 ])
 def test_a_layout_that_cannot_be_built_is_a_one_line_error(knobs, says):
     with pytest.raises(ValueError, match=re.escape(says)):
@@ -106,6 +108,7 @@ def test_a_layout_that_cannot_be_built_is_a_one_line_error(knobs, says):
     ({"nproc": 3, "tp": 3}, "tp 3 does not divide heads 4 of tiny-llama"),
     ({"nproc": 3, "pp": 3}, "3 stages, but tiny-llama has 2 layers"),
     ({"nproc": 2, "pp": 2, "batch_size": 3}, "batch 3 does not split into 2 micro-batches"),
+    ({"nproc": 2, "pp": 2, "stage_layers": [2, 1]}, "stage_layers sums to 3; tiny-llama has 2 layers"),
 ])
 def test_a_layout_the_model_cannot_take_is_invalid_without_launching(knobs, says):
     t0 = time.monotonic()
