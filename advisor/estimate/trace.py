@@ -386,7 +386,7 @@ class Tracker:
         self.accumulating = False
         self.paused = False  # `off_device`
         self.comm: Any = None  # advisor.parallel.comm.CommCounter: a rank's collectives, in a parallel trace
-        self.gloo = False  # the collectives run on gloo (a CPU target), whose all-gather holds a buffer of its own
+        self.gloo = False  # the collectives run on gloo (a CPU target): GLOO_BUFFERED ones hold a buffer of their own
 
     @contextlib.contextmanager
     def off_device(self, on: bool):
