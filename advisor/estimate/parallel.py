@@ -63,8 +63,9 @@ class LayoutEstimate(BaseModel):
         return max(self.ranks, key=lambda r: r.total_bytes)
 
 
-def check_layout(workload: Any, hardware: Any, layout: Layout, batch_size: int) -> None:
-    """SpecError with the first problem of `layout` for this workload on this hardware's devices (one line)."""
+def check_layout(workload: Any, hardware: Any, layout: Layout, batch_size: int, model: Any = None) -> None:
+    """SpecError with the first problem of `layout` for this workload on this hardware's devices (one line).
+    `model`: the workload's model built on the meta device, where the caller has it (else built here if needed)."""
     problems = layout_problems(layout, world=hardware.world_size, decoder=workload.decoder,
                                model_name=workload.name, batch_size=batch_size)
     if problems:
@@ -72,7 +73,7 @@ def check_layout(workload: Any, hardware: Any, layout: Layout, batch_size: int) 
     if layout.tp > 1 and workload.decoder is None:
         from advisor.parallel.tensor import is_decoder, pair_plan
 
-        model = _meta_model(workload)
+        model = model if model is not None else _meta_model(workload)
         if not is_decoder(model):
             try:
                 pair_plan(model)
@@ -106,7 +107,8 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
     if req.batch_size is None:
         req = req.model_copy(update={"batch_size": wl.default_batch_size})
     req = req.model_copy(update={"strategy": layout.strategy})
-    check_layout(wl, hw, layout, req.batch_size)
+    meta = _meta_model(wl) if wl.decoder is None else None  # a decoder's shape says what the checks need
+    check_layout(wl, hw, layout, req.batch_size, meta)
     usable = int(hw.memory_per_device_bytes * (1 - _margin(EstimateOptions(margin=margin))))
     cuda = hw.device_type == "cuda"
     split = layout.split(wl.decoder.layers) if wl.decoder is not None else ()
@@ -137,7 +139,7 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
         ranks.append(RankEstimate(ranks=members, stages=stages, layers=sum(split[s] for s in stages) if split else 0,
                                   total_bytes=total, allocated_bytes=allocated, breakdown=Breakdown(**parts),
                                   comm_bytes=comm, fits=total + runtime <= usable))
-    num_params = _param_count(wl)
+    num_params = _param_count(wl, meta)
     if cuda:
         notes.append("NCCL's communicator buffers are not counted")
     if method == "analytic":
@@ -182,9 +184,10 @@ def _impl(req: EstimateRequest, device_type: str) -> str | None:
     return _trace_impl(req, device_type)
 
 
-def _param_count(wl: Any) -> int:
+def _param_count(wl: Any, meta: Any) -> int:
+    """The whole model's parameters: a decoder's from its shape, any other's from its meta-device build."""
     if wl.decoder is not None:
         from advisor.estimate.analytic import decoder_param_count
 
         return decoder_param_count(wl.decoder)
-    return sum(p.numel() for p in _meta_model(wl).parameters())
+    return sum(p.numel() for p in meta.parameters())

@@ -9,6 +9,7 @@ rank; torchrun's variables set) or through `measure_ranks`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -97,21 +98,13 @@ def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
             _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
         except subprocess.TimeoutExpired:
             for p in procs:
-                with _quiet():
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
             return [f"timed out after {timeout_s:.0f} s"]
         if proc.returncode != 0:
             lines = [ln for ln in err.strip().splitlines() if ln.strip()]
             errors.append(f"rank {rank} exit {proc.returncode}: {lines[-1] if lines else '(no output)'}")
     return errors
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return exc[0] is ProcessLookupError
 
 
 def run_rank(req: RankMeasureRequest) -> RankMeasure:
@@ -155,7 +148,7 @@ def run_rank(req: RankMeasureRequest) -> RankMeasure:
     profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True) if not cuda else None
     from advisor.estimate.rank_trace import static_pipeline
 
-    with profiler or _null(), static_pipeline() if sync else _null():
+    with profiler or contextlib.nullcontext(), static_pipeline() if sync else contextlib.nullcontext():
         program = build_program(workload, req.layout, rank=rank, device_type=req.device, device=device,
                                 precision=req.precision, optimizer=req.optimizer, optimizer_impl=req.optimizer_impl,
                                 checkpointing=req.checkpointing, batch_size=req.batch_size)
@@ -184,14 +177,6 @@ def _traced(req: RankMeasureRequest, workload: Any, rank: int, t0: float) -> Ran
     dist.destroy_process_group()
     return RankMeasure(rank=rank, coords=rt.coords, alloc_peak_bytes=rt.trace.peak_bytes, comm_bytes=rt.comm_bytes,
                        seconds=time.perf_counter() - t0)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _main() -> int:
