@@ -12,7 +12,7 @@ import sys
 from typing import Any, Sequence
 
 from advisor import cli_recommend
-from advisor.config import OptimizerKind, Precision, Strategy, choices
+from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy, choices
 from advisor.errors import AdvisorError, ProbeError, SpecError, TrialError, WorkloadFailed
 from advisor.parallel.layout import PipelineSchedule
 
@@ -82,12 +82,19 @@ def _build_parser() -> argparse.ArgumentParser:
     est.add_argument("--strategy", "-s", type=_enum(Strategy), default=Strategy.single,
                      help=f"one of {choices(Strategy)}")
     est.add_argument("--optimizer-impl", choices=["for-loop", "foreach", "fused"], default=None)
-    est.add_argument("--checkpointing", action="store_true", help="activation checkpointing of the repeated blocks")
+    est.add_argument("--checkpointing", type=_enum(Checkpointing), nargs="?", const=Checkpointing.full,
+                     default=Checkpointing.none, metavar="MODE",
+                     help="activation checkpointing of the repeated blocks: none (default), selective (their attention "
+                          "cores recomputed in backward) or full (their forwards recomputed; the flag alone)")
     est.add_argument("--fused-backward", action="store_true", help="optimizer step fused into backward")
     est.add_argument("--offload-optimizer", action="store_true", help="optimizer state and step on the host")
     est.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameters on the host")
     est.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel ranks (heads and FFN split)")
     est.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel ranks (layers cut into stages)")
+    est.add_argument("--cp", type=_positive_int, default=1,
+                     help="context-parallel ranks (each sequence split across them, attention in a ring)")
+    est.add_argument("--dp-replicate", type=_positive_int, default=1,
+                     help="HSDP: data-parallel groups (nodes), each sharding the model within itself (zero2/zero3)")
     est.add_argument("--schedule", type=_enum(PipelineSchedule), default=PipelineSchedule.one_f_one_b,
                      help=f"pipeline schedule: one of {choices(PipelineSchedule)}")
     est.add_argument("--microbatches", type=_positive_int, default=None,
@@ -98,6 +105,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="layers of each pipeline stage, first to last (default: as even as the layers allow)")
     est.add_argument("--no-sequence-parallel", action="store_true",
                      help="with --tp: norms and residuals whole on every rank")
+    est.add_argument("--grad-accum", type=_positive_int, default=1, metavar="N",
+                     help="with a layout: batches whose gradients each optimizer step accumulates (default 1)")
     est.add_argument("--method", choices=["auto", "traced", "analytic"], default="auto")
     est.add_argument("--no-calibrate", action="store_true",
                      help="no short real run on this CPU, and no cuDNN workspace sized on this GPU")
@@ -176,8 +185,11 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                                  strategy=args.strategy, checkpointing=args.checkpointing,
                                  fused_backward=args.fused_backward, offload_optimizer=args.offload_optimizer,
                                  offload_params=args.offload_params, optimizer_impl=args.optimizer_impl)
-    if args.tp > 1 or args.pp > 1:
+    if args.tp > 1 or args.pp > 1 or args.cp > 1 or args.dp_replicate > 1:
         return _estimate_layout(args, wargs, request)
+    if args.grad_accum > 1:
+        raise SpecError("--grad-accum applies to a layout estimate (--tp, --pp, --cp or --dp-replicate); one "
+                        "device's estimate is of one micro-batch")
     options = EstimateOptions(calibrate=False if args.no_calibrate else None, margin=args.margin, method=args.method)
     from rich.console import Console
 
@@ -196,7 +208,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _estimate_layout(args: argparse.Namespace, wargs: dict, request: Any) -> int:
-    """`advisor estimate` with --tp or --pp: per pipeline rank, on the hardware's devices (dp = the rest)."""
+    """`advisor estimate` with --tp, --pp, --cp or --dp-replicate: per pipeline rank, on the hardware's devices
+    (dp = the rest)."""
     from rich.console import Console
 
     from advisor import isolation
@@ -205,13 +218,14 @@ def _estimate_layout(args: argparse.Namespace, wargs: dict, request: Any) -> int
     from advisor.render_layout import layout_table
 
     hw = get_hardware(args.hardware)
-    layout = layout_over(hw.world_size, tp=args.tp, pp=args.pp, where=args.hardware, strategy=args.strategy,
+    layout = layout_over(hw.world_size, tp=args.tp, pp=args.pp, cp=args.cp, dp_replicate=args.dp_replicate,
+                         where=args.hardware, strategy=args.strategy,
                          schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
                          stage_layers=args.stage_layers, sequence_parallel=not args.no_sequence_parallel)
     title = f"estimating {args.workload} on {args.hardware} ({layout.label()})"
     with Console(stderr=True).status(title):
         est = isolation.estimate_layout(args.workload, hw, layout, request, workload_args=wargs, margin=args.margin,
-                                        method=args.method)
+                                        method=args.method, grad_accum=args.grad_accum)
     if args.json:
         print(est.model_dump_json(indent=2))
     else:

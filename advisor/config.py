@@ -1,4 +1,4 @@
-"""The knobs the estimator takes: precision, optimizer, strategy (typed enums shared everywhere)."""
+"""The knobs the estimator takes: precision, optimizer, strategy, checkpointing (typed enums shared everywhere)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,39 @@ class Strategy(str, Enum):
     @property
     def sharded(self) -> bool:
         return self in (Strategy.zero1, Strategy.zero2, Strategy.zero3)
+
+
+class Checkpointing(str, Enum):
+    """Activation checkpointing of the model's repeated blocks (advisor.training.apply_activation_checkpointing).
+
+    Takes the booleans of the knob it replaced (True: full, False: none), and is false only as `none`, so
+    `if checkpointing:` reads as it did.
+    """
+
+    none = "none"  # every activation backward needs is held
+    selective = "selective"  # the attention cores (scaled_dot_product_attention calls) recomputed in backward
+    full = "full"  # each repeated block's forward recomputed in backward; only the block inputs are held
+
+    @classmethod
+    def _missing_(cls, value: object) -> "Checkpointing | None":
+        if value is True:
+            return cls.full
+        if value is False:
+            return cls.none
+        return None
+
+    def __bool__(self) -> bool:
+        return self is not Checkpointing.none
+
+    @property
+    def legacy(self) -> bool | str:
+        """What keys of stored results (config hashes, measured peaks) hold for this mode: the booleans of the
+        two-mode knob, False (none) and True (full), so those keys still match; the name for selective."""
+        return {"none": False, "full": True}.get(self.value, self.value)
+
+
+CHECKPOINTING_DOC = ("Activation checkpointing of the repeated blocks: none, selective (their attention cores "
+                     "recomputed in backward) or full (their forwards recomputed); true means full, false none.")
 
 
 def choices(enum: type[Enum]) -> str:

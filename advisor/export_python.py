@@ -3,7 +3,7 @@ TrainingConfig, that a user runs as is (on the advisor's workload) or pastes fro
 
 from __future__ import annotations
 
-from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy
 from advisor.errors import SpecError
 from advisor.trial import GLOO_EXIT_PAUSE_S, CompileMode, Pinning, TrainingConfig
 
@@ -77,9 +77,13 @@ def _model(c: TrainingConfig) -> list[str]:
         out.append("model = model.to(memory_format=torch.channels_last)  # NHWC for convolutions")
     if c.precision == Precision.bf16_pure:
         out.append("model = model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer state")
-    if c.checkpointing or c.strategy in (Strategy.zero2, Strategy.zero3):
+    if c.checkpointing == Checkpointing.full or c.strategy in (Strategy.zero2, Strategy.zero3):
         out.append("from advisor.training import repeated_blocks  # or your model's list of blocks (layers, stages)")
-    if c.checkpointing:
+    if c.checkpointing == Checkpointing.selective:
+        out += ["from advisor.training import apply_activation_checkpointing", "",
+                "# each block's scaled_dot_product_attention calls run in a checkpoint: recomputed in backward",
+                'apply_activation_checkpointing(model, "selective")']
+    elif c.checkpointing:
         out += ["from functools import partial", "from torch.utils.checkpoint import checkpoint", "",
                 "for block in repeated_blocks(model):  # recompute each block's activations in backward",
                 "    block.forward = partial(checkpoint, block.forward, use_reentrant=False)"]
@@ -202,7 +206,7 @@ def check_data_parallel(config: TrainingConfig) -> None:
     rank on the whole model, so it would train another configuration than the one chosen."""
     if config.layout().parallel:
         raise SpecError(f"the exported script runs data parallel only, and this configuration splits the model "
-                        f"(tp {config.tp}, pp {config.pp}); export it as json, or a trial with tp = pp = 1")
+                        f"({config.layout().label()}); export it as json, or a trial with tp = pp = cp = 1 and no HSDP")
 
 
 def python_script(config: TrainingConfig, workload_spec: str, workload_args: dict, *, has_dataset: bool) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.config import OptimizerKind, Precision
+from advisor.config import Checkpointing, OptimizerKind, Precision
 from advisor.errors import TrialError
 from advisor.procmem import MMAP_THRESHOLD_MAX, current_rss, malloc_env, mark_peak, peak_rss
 
@@ -37,7 +37,7 @@ class MeasureRequest(BaseModel):
     batch_size: int = Field(gt=0)
     precision: Precision = Precision.fp32
     optimizer: OptimizerKind = OptimizerKind.adamw
-    checkpointing: bool = False
+    checkpointing: Checkpointing = Checkpointing.none
     fused_backward: bool = False
     optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = Field(default=None,
                                                                            description="None: torch's default.")

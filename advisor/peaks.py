@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from advisor.config import Checkpointing
 from advisor.errors import SpecError, StoreError
 from advisor.estimate.model import EstimateRequest
 from advisor.fingerprint import config_key, workload_fingerprint
@@ -38,7 +39,7 @@ class PeakPoint(BaseModel):
     precision: str
     optimizer: str
     strategy: str
-    checkpointing: bool
+    checkpointing: Checkpointing
     fused_backward: bool
     optimizer_impl: str | None = None
     offload_optimizer: bool = False
@@ -66,6 +67,10 @@ class PeakPoint(BaseModel):
 
 
 def point_key(fingerprint: str, device: str, knobs: dict[str, object]) -> str:
+    """The key of a point's knobs; checkpointing enters as `Checkpointing.legacy`, so points kept with the boolean
+    knob keep their keys."""
+    if isinstance(knobs.get("checkpointing"), Checkpointing):
+        knobs = {**knobs, "checkpointing": knobs["checkpointing"].legacy}
     return config_key(fingerprint, device, knobs)
 
 

@@ -26,7 +26,8 @@ def estimate_table(est: "MemoryEstimate") -> None:
 
     r = est.request
     title = (f"{est.workload} on {est.hardware} x{est.world_size}: batch {r.batch_size}, {r.precision.value}, "
-             f"{r.optimizer.value}, {r.strategy.value}" + (", checkpointing" if r.checkpointing else "")
+             f"{r.optimizer.value}, {r.strategy.value}"
+             + (f", {r.checkpointing.value} checkpointing" if r.checkpointing else "")
              + (", fused backward" if r.fused_backward else ""))
     table = Table(title=title, show_header=True)
     table.add_column("per device")
@@ -181,7 +182,7 @@ def rank_table(result):  # noqa: ANN201 - a rich Table
 
     cuda = result.config.device == "cuda"
     table = Table(title="per rank (estimates in brackets)")
-    for col in ("rank", "pp/dp/tp", "peak reserved" if cuda else "peak rss", *(["allocated"] if cuda else []),
+    for col in ("rank", "pp/dp/cp/tp", "peak reserved" if cuda else "peak rss", *(["allocated"] if cuda else []),
                 "est. live", "est. total", "comm per step"):
         table.add_column(col, justify="left" if col == "comm per step" else "right")
     for r in result.ranks:
@@ -190,7 +191,8 @@ def rank_table(result):  # noqa: ANN201 - a rich Table
         comm = [f"{k} {human_bytes(r.comm_bytes.get(k, 0))}"
                 + (f" ({human_bytes(predicted.get(k, 0))})" if predicted is not None else "")
                 for k in sorted({*r.comm_bytes, *(predicted or {})})]
-        table.add_row(str(r.rank), "/".join(str(r.coords.get(d, "-")) for d in ("pp", "dp", "tp")), _or_dash(peak),
+        place = "/".join(str(r.coords.get(d, "-")) for d in ("pp", "dp", "cp", "tp"))
+        table.add_row(str(r.rank), place, _or_dash(peak),
                       *([_or_dash(r.peak.cuda_allocated_bytes)] if cuda else []),
                       _or_dash(r.predicted_allocated_bytes), _or_dash(r.predicted_total_bytes),
                       "\n".join(comm) or "-")

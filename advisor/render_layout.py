@@ -19,7 +19,9 @@ def layout_table(est: "LayoutEstimate") -> None:
 
     r, lay = est.request, est.layout
     title = (f"{est.workload} on {est.hardware} x{lay.world} ({lay.label()}): batch {r.batch_size} per replica, "
-             f"{r.precision.value}, {r.optimizer.value}" + (", checkpointing" if r.checkpointing else ""))
+             f"{r.precision.value}, {r.optimizer.value}"
+             + (f", {r.checkpointing.value} checkpointing" if r.checkpointing else "")
+             + (f", {est.grad_accum} batches accumulated per step" if est.grad_accum > 1 else ""))
     table = Table(title=title, show_header=True)
     table.add_column("per device")
     for rank in est.ranks:
@@ -30,6 +32,8 @@ def layout_table(est: "LayoutEstimate") -> None:
     table.add_section()
     table.add_row(f"total ({est.predicts})", *(human_bytes(x.total_bytes) for x in est.ranks))
     table.add_row("live tensors peak", *(human_bytes(x.allocated_bytes) for x in est.ranks))
+    if any(x.host_bytes for x in est.ranks):  # ZeRO-Offload: what each rank keeps in host memory
+        table.add_row("host memory (offload)", *(human_bytes(x.host_bytes) for x in est.ranks))
     table.add_row("verdict", *("[green]fits[/green]" if x.fits else "[red]does not fit[/red]" for x in est.ranks))
     table.add_section()
     kinds = sorted({k for x in est.ranks for k in x.comm_bytes})

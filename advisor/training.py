@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from advisor.config import OptimizerKind, Precision
+from advisor.config import Checkpointing, OptimizerKind, Precision
 
 LEARNING_RATE = 1e-3
 
@@ -99,19 +99,68 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return best
 
 
-def apply_activation_checkpointing(model: nn.Module) -> int:
-    """Recompute each repeated block's forward in backward (non-reentrant). Returns blocks wrapped."""
-    from torch.utils.checkpoint import checkpoint
+def apply_activation_checkpointing(model: nn.Module, mode: Checkpointing | bool = Checkpointing.full) -> int:
+    """Wrap each repeated block for `mode` (a Checkpointing, or its boolean form); returns the blocks wrapped.
 
+    full: the block's forward recomputed in backward (non-reentrant checkpoint), only its inputs held.
+    selective: Megatron's selective recompute (Korthikanti et al. 2022, sec. 5): each attention core, a
+    `scaled_dot_product_attention` call made by the block, runs in a non-reentrant checkpoint of its own; the
+    rest of the block saves what it saves without checkpointing. none: nothing wrapped (0).
+    """
+    mode = Checkpointing(mode)
+    if not mode:
+        return 0
     blocks = repeated_blocks(model)
     for block in blocks:
-        inner = block.forward
-
-        def forward(*args, _inner=inner, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
-
-        block.forward = forward
+        block.forward = (_checkpointed if mode == Checkpointing.full else _attention_recomputed)(block.forward)
     return len(blocks)
+
+
+def _checkpointed(inner: Callable[..., Any]) -> Callable[..., Any]:
+    from torch.utils.checkpoint import checkpoint
+
+    def forward(*args, **kwargs):
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    return forward
+
+
+def _attention_recomputed(inner: Callable[..., Any]) -> Callable[..., Any]:
+    def forward(*args, **kwargs):
+        with _AttentionRecompute():
+            return inner(*args, **kwargs)
+
+    return forward
+
+
+class _AttentionRecompute(torch.overrides.TorchFunctionMode):
+    """Runs each scaled_dot_product_attention call in a non-reentrant checkpoint, under the SDPA backends chosen
+    at the call (a model's `sdpa_kernel` context is gone when backward recomputes it).
+
+    A function-level checkpoint rather than torch's selective-checkpoint contexts (CheckpointPolicy): those hold
+    the output of every op they do not recompute, also the outputs backward never reads (the residual adds, wo's
+    and the FFN's output, RoPE's and RMSNorm's intermediates), which costs more than no checkpointing at all;
+    and at the aten level the math backend's score matmul, which precedes its softmax, would be held too.
+    Every backend (math, flash, memory-efficient, cuDNN, the CPU's flash) runs inside the call, so all are
+    recomputed. Attention written as matmul and softmax without SDPA is not recognised and stays saved.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention or not torch.is_grad_enabled():
+            return func(*args, **kwargs)
+        from torch.nn.attention import _cur_sdpa_kernel_backends, sdpa_kernel
+        from torch.utils.checkpoint import checkpoint
+
+        if torch.compiler.is_compiling():  # the compiled backward recomputes the kernel traced in forward
+            return checkpoint(func, *args, use_reentrant=False, **kwargs)
+        backends = _cur_sdpa_kernel_backends(with_priority=True)
+
+        def core(*a, **kw):
+            with sdpa_kernel(backends, set_priority=True):
+                return func(*a, **kw)
+
+        return checkpoint(core, *args, use_reentrant=False, **kwargs)
 
 
 @dataclass
@@ -150,20 +199,21 @@ def _attach_fused_backward(model: nn.Module, kind: OptimizerKind, impl: str | No
 
 
 def prepare(model: nn.Module, loss_fn, *, precision: Precision, optimizer: OptimizerKind, device_type: str = "cpu",
-            optimizer_impl: str | None = None, checkpointing: bool = False, fused_backward: bool = False,
-            fake: bool = False, wrap: Callable[[nn.Module], nn.Module] | None = None,
+            optimizer_impl: str | None = None, checkpointing: Checkpointing | bool = Checkpointing.none,
+            fused_backward: bool = False, fake: bool = False, wrap: Callable[[nn.Module], nn.Module] | None = None,
             make_opt: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
             compile_fn: Callable[[nn.Module], nn.Module] | None = None) -> StepContext:
     """Cast, wrap and attach an optimizer to a built model; returns the context `train_step` uses.
 
-    Order matters and is fixed here: cast (pure bf16), checkpoint the blocks, `wrap` (DDP/FSDP:
-    parameters may become sharded DTensors), build the optimizer over the wrapped parameters
+    Order matters and is fixed here: cast (pure bf16), checkpoint the blocks (`checkpointing`, a Checkpointing or
+    its boolean form: apply_activation_checkpointing), `wrap` (DDP/FSDP: parameters may become sharded DTensors),
+    build the optimizer over the wrapped parameters
     (`make_opt`, e.g. a sharded one; default `make_optimizer`), then `compile_fn` the module.
     """
     if precision == Precision.bf16_pure:
         model.to(torch.bfloat16)
     if checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, checkpointing)
     if wrap is not None:
         model = wrap(model)
     ctx = StepContext(model=model, loss_fn=loss_fn, precision=precision, device_type=device_type,

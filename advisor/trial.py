@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.config import CHECKPOINTING_DOC, Checkpointing, OptimizerKind, Precision, Strategy
 from advisor.parallel.layout import Layout, PipelineSchedule, layout_problems, structural_problems
 
 if TYPE_CHECKING:
@@ -49,7 +49,8 @@ class TrainingConfig(BaseModel):
     batch_size: int = Field(default=8, gt=0, description="Micro-batch per process (samples); with tp, per "
                             "data-parallel replica (its tp ranks read the same samples); with pp, the step's samples "
                             "per data-parallel replica, split into `microbatches` micro-batches.")
-    grad_accum: int = Field(default=1, ge=1, description="Micro-batches per optimizer step (1 with tp or pp).")
+    grad_accum: int = Field(default=1, ge=1, description="Batches of batch_size per optimizer step, their gradients "
+                            "accumulated (with pp, each split into the pipeline's micro-batches).")
     num_workers: int = Field(default=0, ge=0, description="DataLoader worker processes per rank.")
     pin_memory: bool = Field(default=False, description="DataLoader returns page-locked batches (CUDA only).")
     prefetch_factor: int | None = Field(default=None, ge=1, description="Batches loaded ahead per worker.")
@@ -61,17 +62,25 @@ class TrainingConfig(BaseModel):
         default=None, description="None: torch's default.")
     fused_backward: bool = Field(
         default=False, description="Optimizer step in each parameter's post-accumulate-grad hook.")
-    checkpointing: bool = Field(default=False, description="Activation checkpointing of the repeated blocks.")
+    checkpointing: Checkpointing = Field(default=Checkpointing.none, description=CHECKPOINTING_DOC)
     channels_last: bool = Field(default=False, description="NHWC memory format for the model and 4-D inputs.")
     strategy: Strategy = Field(
         default=Strategy.single, description="single, ddp, zero1 (DDP + sharded optimizer), zero2/zero3 (FSDP2).")
     nproc: int = Field(default=1, ge=1, description="Processes (one per device): dp x tp x pp.")
     tp: int = Field(default=1, ge=1, description="Tensor-parallel ranks: each layer's heads and FFN split across them.")
     pp: int = Field(default=1, ge=1, description="Pipeline ranks: the layers cut into consecutive stages.")
+    cp: int = Field(default=1, ge=1, description="Context-parallel ranks: each sequence split across them, attention's "
+                    "keys and values passed around a ring.")
+    dp_replicate: int = Field(default=1, ge=1, description="HSDP: data-parallel groups, each sharding the model "
+                              "within itself (zero2/zero3), gradients all-reduced across them.")
     pp_schedule: PipelineSchedule = Field(default=PipelineSchedule.one_f_one_b, description="Pipeline schedule: "
                                           "gpipe, 1f1b or interleaved-1f1b (with virtual_stages >= 2).")
     microbatches: int | None = Field(default=None, ge=1, description="Micro-batches per step through the pipeline; "
-                                     "None: pp x virtual_stages.")
+                                     "None: batch_size / micro_batch_size where that is given, else pp x "
+                                     "virtual_stages.")
+    micro_batch_size: int | None = Field(default=None, ge=1, description="Samples per pipeline micro-batch: the "
+                                         "other way to give microbatches (batch_size / micro_batch_size); None: "
+                                         "from microbatches.")
     virtual_stages: int = Field(default=1, ge=1, description="Pipeline stages per pp rank (interleaved-1f1b).")
     stage_layers: tuple[int, ...] | None = Field(default=None, description="Layers of each pipeline stage, first to "
                                                  "last; None: as even as the layers allow.")
@@ -99,22 +108,50 @@ class TrainingConfig(BaseModel):
 
 
 def _layout_fields(c: TrainingConfig) -> dict[str, Any]:
-    return dict(dp=c.nproc // (c.tp * c.pp), tp=c.tp, pp=c.pp, strategy=c.strategy, schedule=c.pp_schedule,
-                microbatches=c.microbatches, virtual_stages=c.virtual_stages, stage_layers=c.stage_layers,
+    return dict(dp=c.nproc // model_ranks(c), tp=c.tp, pp=c.pp, cp=c.cp, dp_replicate=c.dp_replicate,
+                strategy=c.strategy, schedule=c.pp_schedule,
+                microbatches=pipeline_microbatches(c.batch_size, c.microbatches, c.micro_batch_size)[0],
+                virtual_stages=c.virtual_stages, stage_layers=c.stage_layers,
                 sequence_parallel=c.sequence_parallel)
 
 
+def pipeline_microbatches(batch_size: int | None, microbatches: int | None,
+                          micro_batch_size: int | None) -> tuple[int | None, str | None]:
+    """(micro-batches per pipeline step: `microbatches`, else batch_size / micro_batch_size; None where neither
+    says, the layout's default; why micro_batch_size cannot split the batch, in one line, or None). A batch not
+    known yet (None) is taken to split."""
+    if micro_batch_size is None or batch_size is None:
+        return microbatches, None
+    if batch_size % micro_batch_size:
+        return microbatches, (f"micro_batch_size {micro_batch_size} does not divide batch_size {batch_size}; give a "
+                              "divisor of the batch")
+    if microbatches is not None and microbatches * micro_batch_size != batch_size:
+        return microbatches, (f"microbatches {microbatches} x micro_batch_size {micro_batch_size} != batch_size "
+                              f"{batch_size}; give one of the two (micro_batch_size = batch_size / microbatches)")
+    return batch_size // micro_batch_size, None
+
+
+def model_ranks(c: TrainingConfig) -> int:
+    """Ranks one copy of the model spans: tp x pp x cp (nproc is dp of these)."""
+    return c.tp * c.pp * c.cp
+
+
+def runs_layout(c: TrainingConfig) -> bool:
+    """Whether the trial runs the parallel rank program (advisor/parallel): tp, pp, cp or HSDP."""
+    return model_ranks(c) > 1 or c.dp_replicate > 1
+
+
 def _structural_problems(c: TrainingConfig) -> list[str]:
-    out = _parallel_problems(c) if c.tp * c.pp > 1 else []
+    out = _parallel_problems(c) if runs_layout(c) else []
     if c.num_workers == 0 and c.prefetch_factor is not None:
         out.append("prefetch_factor needs num_workers >= 1")
     if c.num_workers == 0 and c.persistent_workers:
         out.append("persistent_workers needs num_workers >= 1")
     if (c.pinning == Pinning.cpus) != (c.cpu_list is not None):
         out.append("cpu_list is given exactly when pinning is 'cpus'")
-    if c.tp * c.pp == 1 and c.strategy == Strategy.single and c.nproc != 1:
+    if not runs_layout(c) and c.strategy == Strategy.single and c.nproc != 1:
         out.append(f"strategy single runs 1 process, not {c.nproc}; use ddp, zero1, zero2 or zero3 for more")
-    if c.tp * c.pp == 1 and c.strategy != Strategy.single and c.nproc < 2:
+    if not runs_layout(c) and c.strategy != Strategy.single and c.nproc < 2:
         out.append(f"strategy {c.strategy.value} needs nproc >= 2")
     if c.fused_backward and c.grad_accum > 1:
         out.append("fused_backward steps in every backward, so it cannot accumulate gradients (grad_accum must be 1)")
@@ -126,7 +163,7 @@ def _structural_problems(c: TrainingConfig) -> list[str]:
         out.append("fused_backward runs with strategy single only")
     if c.optimizer == OptimizerKind.rowwise_adagrad and c.optimizer_impl is not None:
         out.append("rowwise-adagrad has one implementation; leave optimizer_impl unset")
-    pipeline_knobs = [k for k in ("pp_schedule", "microbatches", "virtual_stages", "stage_layers")
+    pipeline_knobs = [k for k in ("pp_schedule", "microbatches", "micro_batch_size", "virtual_stages", "stage_layers")
                       if getattr(c, k) != TrainingConfig.model_fields[k].default]
     if c.pp == 1 and pipeline_knobs:
         out.append(f"pipeline knob(s) {', '.join(pipeline_knobs)} need pp > 1; set pp or leave them unset")
@@ -135,20 +172,18 @@ def _structural_problems(c: TrainingConfig) -> list[str]:
 
 def _parallel_problems(c: TrainingConfig) -> list[str]:
     """With tp or pp > 1: the mesh, the layout's own rules, and the knobs a tp/pp rank program does not run."""
-    ranks = c.tp * c.pp
+    ranks = model_ranks(c)
     if c.nproc % ranks:
-        return [f"nproc {c.nproc} is not a multiple of tp x pp = {ranks}; give nproc = dp x {ranks} "
+        return [f"nproc {c.nproc} is not a multiple of tp x pp x cp = {ranks}; give nproc = dp x {ranks} "
                 "(dp: data-parallel replicas, 1 or more)"]
     # Unvalidated: each field was checked here already, and its rules are reported below, one line each.
-    out = structural_problems(Layout.model_construct(**_layout_fields(c)))
+    why = pipeline_microbatches(c.batch_size, c.microbatches, c.micro_batch_size)[1] if c.pp > 1 else None
+    out = ([why] if why else []) + structural_problems(Layout.model_construct(**_layout_fields(c)))
     if c.fused_backward:
         out.append("fused_backward runs with tp = pp = 1 only: a tp/pp rank steps its optimizer after backward")
     if c.compile_mode != CompileMode.none:
         out.append(f"compile_mode {c.compile_mode.value} is not applied to tp/pp rank programs; "
                    "use compile_mode none with tp or pp > 1")
-    if c.grad_accum > 1:
-        out.append(f"grad_accum {c.grad_accum} runs with tp = pp = 1 only: a tp/pp step is one optimizer step; "
-                   "raise batch_size instead (with pp, it is split into micro-batches)")
     if c.pp > 1 and c.precision == Precision.fp16:
         out.append("fp16 with pp is not supported (its loss scaler would need every stage's inf check); use bf16")
     return out
@@ -179,7 +214,7 @@ def inapplicable(config: TrainingConfig, hardware: "HardwareSpec",
         return f"{acc.name} does not support bf16"
     if config.channels_last and workload is not None and not workload.conv_net:
         return f"channels_last applies to convolutional nets; {workload.name} is not one"
-    if workload is not None and config.tp * config.pp > 1:
+    if workload is not None and runs_layout(config):
         problems = layout_problems(config.layout(), world=config.nproc, decoder=workload.decoder,
                                    model_name=workload.name, batch_size=config.batch_size)
         return problems[0] if problems else None

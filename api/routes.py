@@ -158,14 +158,17 @@ def estimate_layout(body: LayoutEstimateRequest, request: Request) -> LayoutEsti
     state = _state(request)
     check_workload(body.workload, state.settings)
     hw = get_hardware(body.hardware)
-    layout = layout_over(hw.world_size, tp=body.tp, pp=body.pp, where=body.hardware, strategy=body.strategy,
+    layout = layout_over(hw.world_size, tp=body.tp, pp=body.pp, cp=body.cp, dp_replicate=body.dp_replicate,
+                         where=body.hardware, strategy=body.strategy,
                          schedule=body.schedule, microbatches=body.microbatches, virtual_stages=body.virtual_stages,
                          sequence_parallel=body.sequence_parallel)
     knobs = estimator.EstimateRequest.of(body.batch_size, precision=body.precision, optimizer=body.optimizer,
-                                         checkpointing=body.checkpointing, optimizer_impl=body.optimizer_impl)
+                                         strategy=body.strategy, checkpointing=body.checkpointing,
+                                         optimizer_impl=body.optimizer_impl, offload_optimizer=body.offload_optimizer,
+                                         offload_params=body.offload_params)
     return isolation.estimate_layout(body.workload, hw, layout, knobs, workload_args=body.workload_args,
-                                     margin=body.margin, timeout_s=state.settings.api_estimate_timeout_s,
-                                     pool=state.pool)
+                                     margin=body.margin, grad_accum=body.grad_accum,
+                                     timeout_s=state.settings.api_estimate_timeout_s, pool=state.pool)
 
 
 @v1.post("/recommend", tags=["advice"], response_model=RecommendResponse, responses=WORKLOAD_ERRORS)

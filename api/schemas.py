@@ -13,7 +13,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.config import CHECKPOINTING_DOC, Checkpointing, OptimizerKind, Precision, Strategy
 from advisor.parallel.layout import PipelineSchedule
 from advisor.recommend import Recommendation
 from advisor.store.records import JOB_STATUSES
@@ -97,7 +97,7 @@ class EstimateRequest(WorkloadRef):
     optimizer: OptimizerKind = OptimizerKind.adamw
     strategy: Strategy = Strategy.single
     optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = None
-    checkpointing: bool = False
+    checkpointing: Checkpointing = Field(default=Checkpointing.none, description=CHECKPOINTING_DOC)
     fused_backward: bool = False
     offload_optimizer: bool = False
     offload_params: bool = False
@@ -108,12 +108,15 @@ class EstimateRequest(WorkloadRef):
 
 
 class LayoutEstimateRequest(WorkloadRef):
-    """An estimate of a parallel layout: tp x pp ranks, data parallel over the rest of the hardware's devices."""
+    """An estimate of a parallel layout: tp x pp x cp ranks, data parallel over the rest of the hardware's devices."""
 
     hardware: str = Field(min_length=1, max_length=100, description="Catalog name[:devices[xnodes]] or 'cpu:N'.",
                           examples=["h100-sxm:16"])
     tp: int = Field(default=1, ge=1, le=1024, description="Tensor-parallel ranks.")
     pp: int = Field(default=1, ge=1, le=1024, description="Pipeline-parallel ranks.")
+    cp: int = Field(default=1, ge=1, le=1024, description="Context-parallel ranks (sequences split, ring attention).")
+    dp_replicate: int = Field(default=1, ge=1, le=100_000, description="HSDP: data-parallel groups, each sharding "
+                              "the model within itself; 1: plain ZeRO over every data-parallel rank.")
     strategy: Strategy = Field(default=Strategy.single, description="The data-parallel part (over the other devices).")
     schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
     microbatches: int | None = Field(default=None, ge=1, le=100_000)
@@ -124,7 +127,12 @@ class LayoutEstimateRequest(WorkloadRef):
     precision: Precision = Precision.fp32
     optimizer: OptimizerKind = OptimizerKind.adamw
     optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = None
-    checkpointing: bool = False
+    checkpointing: Checkpointing = Field(default=Checkpointing.none, description=CHECKPOINTING_DOC)
+    offload_optimizer: bool = Field(default=False, description="Optimizer state and step on the host (ZeRO-Offload).")
+    offload_params: bool = Field(default=False, description="Sharded parameters, and their reduced gradients, on the "
+                                 "host (strategy zero3 over several data-parallel ranks).")
+    grad_accum: int = Field(default=1, ge=1, le=100_000, description="Batches whose gradients each optimizer step "
+                            "accumulates.")
     margin: float | None = Field(default=None, ge=0, lt=1, description="Fraction of device memory kept free.")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 import traceback
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,25 +74,6 @@ def _write(report: ChildReport, result_dir: str) -> None:
     os.replace(path + ".tmp", path)  # atomic: the parent never reads half a report
 
 
-@contextmanager
-def _grad_sync(model: Any, enabled: bool) -> Iterator[None]:
-    """Skip the gradient all-reduce on non-final micro-batches (DDP no_sync, FSDP2's switch)."""
-    inner = getattr(model, "_orig_mod", model)  # under torch.compile
-    if enabled:
-        yield
-    elif hasattr(inner, "no_sync"):
-        with inner.no_sync():
-            yield
-    elif hasattr(inner, "set_requires_gradient_sync"):
-        inner.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            inner.set_requires_gradient_sync(True)
-    else:
-        yield
-
-
 class _Stepper:
     """Runs optimizer steps (grad_accum micro-batches each), timing data waits apart from compute."""
 
@@ -123,18 +104,20 @@ class _Stepper:
 
     def _train(self, batch: Any, last: bool) -> None:
         """Forward and backward of one micro-batch; the optimizer steps after the `last` one."""
+        from advisor.parallel.accumulate import gradient_sync
         from advisor.training import train_step
 
-        with _grad_sync(self.ctx.model, last):
+        with gradient_sync(self.ctx.model, last):
             train_step(self.ctx, batch, loss_scale=1.0 / self.config.grad_accum, step=last)
 
 
 class _ProgramStepper(_Stepper):
-    """Steps a tp/pp rank's program (advisor/parallel/program.py): one batch per optimizer step (grad_accum is
-    1 there), which a pipeline splits into its micro-batches itself."""
+    """Steps a tp/pp rank's program (advisor/parallel/program.py): grad_accum batches per optimizer step, each of
+    which a pipeline splits into its micro-batches itself; the program holds the data-parallel reduction back
+    until the last."""
 
     def _train(self, batch: Any, last: bool) -> None:
-        self.ctx.step(batch)
+        self.ctx.step(batch, loss_scale=1.0 / self.config.grad_accum, optimizer_step=last)
 
 
 def _op_overhead_s(device: str, n: int = 2000) -> float:

@@ -176,7 +176,7 @@ def _estimate_ranks(workload: str, wargs: dict[str, Any], config: TrainingConfig
 
     return _or_why("per-rank estimate", lambda: isolation.estimate_layout(
         workload, trial_hardware(hw, config), config.layout(), estimate_request(config), workload_args=wargs,
-        timeout_s=timeout_s, memory_cap_bytes=memory_cap_bytes))
+        grad_accum=config.grad_accum, timeout_s=timeout_s, memory_cap_bytes=memory_cap_bytes))
 
 
 def _or_why(what: str, make: Any) -> tuple[Any, str | None]:

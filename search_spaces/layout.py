@@ -1,6 +1,6 @@
-"""The layout knobs in a space (tp, pp, the pipeline schedule, micro-batches) against one target: which values
-its devices and the workload's decoder allow, given the knobs decided before, and what the other knobs become
-under a layout. The rules are advisor.parallel.layout's and TrainingConfig's own checks, not restated here.
+"""The layout knobs in a space (tp, pp, cp, the pipeline schedule, micro-batches or their size) against one target:
+which values its devices and the workload's decoder allow, given the knobs decided before, and what the other knobs
+become under a layout. The rules are advisor.parallel.layout's and TrainingConfig's own checks, not restated here.
 
 Optuna keeps a parameter's choices the same from trial to trial. Where the knobs decided before leave a knob
 fewer values than its domain, it is asked under a name that lists them (`restricted_name`): `strategy` with
@@ -14,32 +14,33 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from advisor.config import Strategy
 from advisor.parallel.layout import Layout, PipelineSchedule, layout_problems, structural_problems
-from advisor.trial import TrainingConfig
+from advisor.trial import TrainingConfig, pipeline_microbatches
 
 if TYPE_CHECKING:
     from search_spaces.context import SpaceContext
 
 NAME_LIMIT = 100  # characters of a restricted parameter's value list
 MODEL = "the workload"  # how problems name the model (a space is evaluated without its name)
-PIPELINE_KNOBS = ("pp_schedule", "microbatches")  # apply with pp > 1 only
+PIPELINE_KNOBS = ("pp_schedule", "microbatches", "micro_batch_size")  # apply with pp > 1 only
 # The knobs whose values the layout decided before them may rule out (tp's depend on the target only) ...
-CHECKED = ("pp", "pp_schedule", "microbatches", "strategy", "batch_size")
-# ... and those TrainingConfig restricts under tp or pp: a tp/pp rank program takes one optimizer step per
-# batch, compiles nothing, steps its optimizer after backward, and has no fp16 loss scaler across stages.
-WITH_LAYOUT = ("grad_accum", "precision", "compile_mode", "fused_backward")
-LAYOUT_KNOBS = ("tp", "pp", "pp_schedule", "virtual_stages", "microbatches", "strategy", "nproc")
+CHECKED = ("pp", "cp", "pp_schedule", "microbatches", "micro_batch_size", "strategy", "batch_size")
+# ... and those TrainingConfig restricts under tp or pp: a tp/pp rank program compiles nothing, steps its
+# optimizer after backward, and has no fp16 loss scaler across stages.
+WITH_LAYOUT = ("precision", "compile_mode", "fused_backward")
+LAYOUT_KNOBS = ("tp", "pp", "cp", "pp_schedule", "virtual_stages", "microbatches", "strategy", "nproc")
 
 
 def ranks(decided: Mapping[str, Any]) -> int:
-    """tp x pp of the knobs decided so far (1 until they are)."""
-    return decided.get("tp", 1) * decided.get("pp", 1)
+    """tp x pp x cp of the knobs decided so far (1 until they are)."""
+    return decided.get("tp", 1) * decided.get("pp", 1) * decided.get("cp", 1)
 
 
 def excluded(knob: str, values: tuple[Any, ...], context: "SpaceContext", *, fixed: bool) -> dict[Any, str]:
-    """The tp or pp values the target rules out, with why: each must divide the device count and fit the
-    decoder (tp divides its heads, kv_heads and ffn; pp at most its layers, untied embeddings). A model that is
-    not a decoder searches neither; a `fixed` tp stays (tp splits other models' Linear pairs too)."""
-    if knob not in ("tp", "pp"):
+    """The tp, pp or cp values the target rules out, with why: each must divide the device count and fit the
+    decoder (tp divides its heads, kv_heads and ffn; pp at most its layers, untied embeddings; cp splits seq_len
+    into 2 x cp chunks). A model that is not a decoder searches none; a `fixed` tp stays (tp splits other models'
+    Linear pairs too)."""
+    if knob not in ("tp", "pp", "cp"):
         return {}
     out = {}
     for v in values:
@@ -96,17 +97,22 @@ def problem(decided: Mapping[str, Any], context: "SpaceContext") -> str | None:
     """Why the layout of the knobs decided so far cannot run on the target (one line), or None.
 
     Each knob not decided yet takes a value that accepts any layout that some value accepts: the strategy
-    single for one replica and zero2 for several, the 1f1b schedule, the fewest micro-batches, any batch.
+    single for one replica and zero2 for several, the 1f1b schedule, the fewest micro-batches, any batch (one that
+    micro_batch_size divides).
     """
-    tp, pp = decided.get("tp", 1), decided.get("pp", 1)
-    if tp * pp == 1:
+    tp, pp, cp = decided.get("tp", 1), decided.get("pp", 1), decided.get("cp", 1)
+    if tp * pp * cp == 1:
         return None
+    microbatches, why = pipeline_microbatches(decided.get("batch_size"), decided.get("microbatches"),
+                                              decided.get("micro_batch_size"))
+    if why is not None and pp > 1:
+        return why
     n = context.device_count
-    dp = max(n // (tp * pp), 1)
+    dp = max(n // (tp * pp * cp), 1)
     schedule = PipelineSchedule(decided.get("pp_schedule", PipelineSchedule.one_f_one_b))
-    strategy = Strategy(decided.get("strategy", Strategy.single if dp == 1 else Strategy.zero2))
-    lay = Layout.model_construct(dp=dp, tp=tp, pp=pp, strategy=strategy, schedule=schedule,
-                                 microbatches=decided.get("microbatches"), virtual_stages=2 if schedule.looped else 1)
+    strategy = Strategy(decided.get("strategy", Strategy.single if dp * cp == 1 else Strategy.zero2))
+    lay = Layout.model_construct(dp=dp, tp=tp, pp=pp, cp=cp, strategy=strategy, schedule=schedule,
+                                 microbatches=microbatches, virtual_stages=2 if schedule.looped else 1)
     found = layout_problems(lay, world=n, decoder=context.decoder, model_name=MODEL,
                             batch_size=decided.get("batch_size")) + structural_problems(lay)
     return found[0] if found else None

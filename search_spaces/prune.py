@@ -21,7 +21,8 @@ GiB = 2**30
 # The knobs the memory estimate depends on; two configs equal on these share one estimate.
 MEMORY_KNOBS = ("batch_size", "precision", "optimizer", "strategy", "nproc", "checkpointing", "fused_backward",
                 "optimizer_impl", "compile_mode",  # compile_mode: measured peaks refine the estimate per mode
-                "tp", "pp", "pp_schedule", "microbatches", "virtual_stages", "sequence_parallel")
+                "tp", "pp", "cp", "pp_schedule", "microbatches", "micro_batch_size", "virtual_stages",
+                "sequence_parallel")
 
 
 class Feasibility(BaseModel):
@@ -70,7 +71,9 @@ FEASIBILITY_CACHE = _Cache()
 
 def memory_key(config: TrainingConfig) -> tuple:
     dump = config.model_dump(mode="json")
-    return tuple(dump[k] for k in MEMORY_KNOBS)
+    # a layout's estimate holds the accumulated gradients of grad_accum batches; one device's is of one batch
+    accum = (config.grad_accum,) if config.layout().parallel else ()
+    return tuple(dump[k] for k in MEMORY_KNOBS) + accum
 
 
 def _workload_key(workload: "Workload | str") -> Any:
@@ -149,9 +152,10 @@ def _decide_layout(workload: "Workload | str", workload_args: dict[str, Any] | N
     try:
         if isinstance(workload, str):
             est = isolation.estimate_layout(workload, target, layout, request, workload_args=workload_args,
-                                            margin=margin, timeout_s=timeout_s)
+                                            margin=margin, grad_accum=config.grad_accum, timeout_s=timeout_s)
         else:  # the caller's own object, estimated in the caller's process (as isolation.estimate does)
-            est = estimate_layout(workload, target, layout, request, workload_args=workload_args, margin=margin)
+            est = estimate_layout(workload, target, layout, request, workload_args=workload_args, margin=margin,
+                                  grad_accum=config.grad_accum)
     except (EstimateError, SpecError, TrialError, WorkloadFailed) as exc:
         return Feasibility(launch=True, reason=f"no estimate of {layout.label()} ({exc}); launching to measure")
     peak = est.peak

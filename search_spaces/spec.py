@@ -18,18 +18,19 @@ Scalar = Union[bool, int, float, str, None]
 
 # The order knobs are decided in. A condition may test only knobs decided before its own knob
 # (Optuna's define-by-run: a parameter's existence depends on parameters already suggested).
-# The layout comes first (tp, pp and the pipeline's knobs), then the strategy of its data-parallel part;
+# The layout comes first (tp, pp, cp and the pipeline's knobs), then the strategy of its data-parallel part;
 # virtual_stages is derived from the schedule, nproc right after strategy, and grad_accum from
 # --global-batch-size when one is given (search_spaces/layout.py).
 ORDER: tuple[str, ...] = (
-    "tp", "pp", "pp_schedule", "virtual_stages", "microbatches", "strategy", "nproc", "batch_size", "grad_accum",
-    "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "precision", "compile_mode", "optimizer",
-    "optimizer_impl", "fused_backward", "checkpointing", "channels_last", "pinning", "cpu_list", "threads",
+    "tp", "pp", "cp", "pp_schedule", "virtual_stages", "microbatches", "micro_batch_size", "strategy", "nproc",
+    "batch_size", "grad_accum", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "precision",
+    "compile_mode", "optimizer", "optimizer_impl", "fused_backward", "checkpointing", "channels_last", "pinning",
+    "cpu_list", "threads",
 )
 # Set from the knobs before them and the device count, never searched: what each follows.
 DERIVED: dict[str, str] = {
     "virtual_stages": "follows pp_schedule (2 for interleaved-1f1b, else 1)",
-    "nproc": "follows strategy, tp and pp (1 for single without tp or pp, the device count otherwise)",
+    "nproc": "follows strategy, tp, pp and cp (1 for single without them, the device count otherwise)",
 }
 KNOBS: tuple[str, ...] = tuple(k for k in ORDER if k not in DERIVED)
 # Facts about the target a condition may test (SpaceContext.facts()).
@@ -37,8 +38,11 @@ FACTS: tuple[str, ...] = (
     "device", "device_count", "supports_bf16", "fast_bf16", "supports_fp16", "supports_tf32", "conv_net", "cpu_cores",
     "numa_nodes", "default_batch_size", "global_batch_size",
 )
-INT_KNOBS = ("batch_size", "grad_accum", "num_workers", "prefetch_factor", "threads", "tp", "pp", "microbatches")
-BOOL_KNOBS = ("pin_memory", "persistent_workers", "fused_backward", "checkpointing", "channels_last")
+INT_KNOBS = ("batch_size", "grad_accum", "num_workers", "prefetch_factor", "threads", "tp", "pp", "cp", "microbatches",
+             "micro_batch_size")
+BOOL_KNOBS = ("pin_memory", "persistent_workers", "fused_backward", "channels_last")
+# Categorical knobs that also take YAML's booleans: checkpointing (none, selective, full) reads true as full, false none
+BOOLEAN_ALIASES = ("checkpointing",)
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in")
 BOUND = re.compile(r"^\s*([a-z_]+)\s*(?:([*/])\s*(\d+))?\s*$")
 
@@ -76,7 +80,7 @@ def check_value(knob: str, value: Any) -> Scalar:
     if knob not in KNOBS:
         raise ValueError(f"unknown knob {knob!r}; knobs: {', '.join(KNOBS)}")
     adapter = _adapter(knob)
-    if isinstance(value, bool) and knob not in BOOL_KNOBS:  # YAML true is not the integer 1 here
+    if isinstance(value, bool) and knob not in BOOL_KNOBS + BOOLEAN_ALIASES:  # YAML true is not the integer 1 here
         raise ValueError(f"{knob}: {value!r} is not allowed; allowed: {allowed(knob)}")
     try:
         return adapter.dump_python(adapter.validate_python(value), mode="json")
@@ -218,6 +222,21 @@ class Condition(BaseModel):
     otherwise: Scalar = None
     advisory: bool = Field(default=False, description="A preference, not a limit of the target: it keeps values "
                            "out of a searched knob, never out of a fixed one (--fix or `fixed:`).")
+
+    @field_validator("when")
+    @classmethod
+    def _aliases(cls, when: dict[str, Any]) -> dict[str, Any]:
+        """A boolean tested against a knob in BOOLEAN_ALIASES as the value it stands for (true: full), the form
+        the decided knob holds."""
+        def value(name: str, x: Any) -> Any:
+            return check_value(name, x) if isinstance(x, bool) else x
+
+        def test(name: str, t: Any) -> Any:
+            if isinstance(t, dict):
+                return {op: test(name, arg) for op, arg in t.items()}
+            return [value(name, x) for x in t] if isinstance(t, list) else value(name, t)
+
+        return {name: test(name, t) if name in BOOLEAN_ALIASES else t for name, t in when.items()}
 
     @model_validator(mode="after")
     def _check(self) -> "Condition":

@@ -174,3 +174,25 @@ def test_hardware_json_lists_catalog() -> None:
     proc = advisor("hardware", "--json")
     assert proc.returncode == 0, proc.stderr
     assert {"h100-sxm", "a100-80gb", "tiny", "cpu"} <= set(json.loads(proc.stdout))
+
+
+def test_checkpointing_takes_a_mode_and_alone_means_full() -> None:
+    for flag, mode in ((["--checkpointing"], "full"), (["--checkpointing", "selective"], "selective")):
+        proc = advisor("estimate", "-w", "tiny-gpt2", "-H", "h100-sxm", "--json", *flag)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["request"]["checkpointing"] == mode
+    line = assert_one_line_usage_error(advisor("estimate", "-w", "tiny-gpt2", "-H", "h100-sxm", "--checkpointing",
+                                               "partial"))
+    assert "'partial'" in line and "none, selective, full" in line
+
+
+def test_a_trial_runs_selective_checkpointing_and_records_it() -> None:
+    proc = advisor("trial", "-w", "tiny-gpt2", "-H", "cpu", "--set", "checkpointing=selective", "--set", "batch_size=2",
+                   "--warmup-steps", "1", "--min-steps", "2", "--min-time", "0", "--settle", "0", "--no-estimate",
+                   "--record-peak", "never", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["status"] == "ok" and result["config"]["checkpointing"] == "selective", result["error"]
+    line = assert_one_line_usage_error(advisor("trial", "-w", "tiny-gpt2", "-H", "cpu", "--set",
+                                               "checkpointing=partial", "--no-estimate"))
+    assert "checkpointing" in line and "'none', 'selective' or 'full'" in line

@@ -12,7 +12,9 @@ layer, in elements (h hidden, f ffn):
   SwiGLU: n_s h (norm out, read by w1 and w3) + 4f (w1 out, SiLU out, w3 out, product)
 Under autocast each Linear casts its own copy of the norm output (n_q = 3, n_g = 1, n_s = 2); without it
 one tensor serves them all (n = 1). GPT-2: 2h + 6h + 2f (autocast 2h + 8h + 2f); Llama: 4h + 6h + 4f
-(autocast 4h + 9h + 4f). The norms' and SDPA's per-row statistics (at most H + 4 elements) are left out.
+(autocast 4h + 9h + 4f). The norms' per-row statistics (at most 4 elements) are left out; SDPA's logsumexp (H fp32)
+is counted apart, as selective checkpointing does not hold it (SDPA runs again in backward; q, k, v stay as its
+inputs, its output as wo's). Full checkpointing holds each block's input alone and runs one block again in backward.
 Plus fp32 logits and their log-softmax (2 x T x V per sample) for the loss. Parameters, gradients
 and optimizer state are counted from the shapes (DecoderArch).
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from advisor.config import OptimizerKind, Precision
+from advisor.config import Checkpointing, OptimizerKind, Precision
 from advisor.estimate.model import EstimateRequest
 from advisor.estimate.trace import (
     ACTIVATIONS,
@@ -80,9 +82,11 @@ def analytic_trace(wl: Workload, batch: int, req: EstimateRequest) -> Trace:
     compute_bytes = 2 if req.precision in (Precision.bf16, Precision.fp16, Precision.bf16_pure) else 4
     tokens = batch * d.seq_len
     resid, comp = activation_elements_per_token(d, autocast=req.precision in (Precision.bf16, Precision.fp16))
+    full = req.checkpointing == Checkpointing.full
+    lse = 0 if req.checkpointing == Checkpointing.selective else tokens * d.heads * 4  # SDPA's, per layer (fp32)
     per_layer = tokens * (resid * (2 if pure else 4) + comp * compute_bytes)
-    checkpoints = d.layers * tokens * d.hidden * 4 if req.checkpointing else 0
-    acts = d.layers * (0 if req.checkpointing else per_layer) + checkpoints
+    checkpoints = d.layers * tokens * d.hidden * 4 if full else 0
+    acts = d.layers * (0 if full else per_layer + lse) + checkpoints
     logits = 2 * tokens * d.vocab * 4  # fp32 logits and log-softmax saved for the loss backward
     params = n * p_bytes
     grads = params
@@ -96,7 +100,7 @@ def analytic_trace(wl: Workload, batch: int, req: EstimateRequest) -> Trace:
     curve[0, PARAM_COPIES] = cache
     curve[0, INPUTS] = curve[1, INPUTS] = tokens * 8
     curve[1, ACTIVATIONS] = acts + logits
-    curve[1, TEMPORARIES] = 2 * tokens * d.vocab * 4 + (per_layer if req.checkpointing else 0)  # grad of logits
+    curve[1, TEMPORARIES] = 2 * tokens * d.vocab * 4 + (per_layer if full else 0)  # grad of logits
     curve[1, GRADS] = d.vocab * d.hidden * p_bytes  # the head's gradient, first to arrive
     curve[2, GRADS] = block if req.fused_backward else grads
     curve[2, STEP_TEMPS] = 2 * max(block, d.vocab * d.hidden * p_bytes)  # for-loop step: temporaries of one tensor

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
-from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.config import CHECKPOINTING_DOC, Checkpointing, OptimizerKind, Precision, Strategy
 from advisor.errors import SpecError, invalid_input
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class EstimateRequest(BaseModel):
     precision: Precision = Precision.fp32
     optimizer: OptimizerKind = OptimizerKind.adamw
     strategy: Strategy = Strategy.single
-    checkpointing: bool = Field(default=False, description="Recompute the repeated blocks' activations in backward.")
+    checkpointing: Checkpointing = Field(default=Checkpointing.none, description=CHECKPOINTING_DOC)
     fused_backward: bool = Field(default=False,
                                  description="Optimizer step in each parameter's post-accumulate-grad hook.")
     offload_optimizer: bool = Field(default=False, description="Optimizer state and step on the host (ZeRO-Offload).")

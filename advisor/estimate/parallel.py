@@ -30,6 +30,9 @@ class RankEstimate(BaseModel):
     comm_bytes: dict[str, int] = Field(description="Collective payload bytes per optimizer step, by kind "
                                        "(advisor/parallel/comm.py).")
     fits: bool
+    host_bytes: int = Field(default=0, description="Host memory each of these ranks keeps under ZeRO-Offload: the "
+                            "optimizer state, and the parameters and gradients (its shards under ZeRO) the host's "
+                            "step reads and writes; 0 without offload (bytes).")
 
 
 class LayoutEstimate(BaseModel):
@@ -41,6 +44,7 @@ class LayoutEstimate(BaseModel):
     hardware: str
     layout: Layout
     request: EstimateRequest
+    grad_accum: int = Field(default=1, description="Batches whose gradients each optimizer step accumulates.")
     predicts: Literal["cpu_allocated", "cuda_reserved"] = Field(
         description="What total_bytes predicts: live tensor bytes on a CPU rank, max_memory_reserved on a GPU.")
     ranks: list[RankEstimate]
@@ -90,14 +94,17 @@ def _meta_model(workload: Any) -> Any:
 
 def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: EstimateRequest | None = None, *,
                     workload_args: dict[str, Any] | None = None, margin: float | None = None,
-                    method: Literal["traced", "analytic", "auto"] = "auto") -> LayoutEstimate:
+                    method: Literal["traced", "analytic", "auto"] = "auto", grad_accum: int = 1) -> LayoutEstimate:
     """Per-device memory of `layout` for `workload` on `hardware` (catalog name[:devices] or a HardwareSpec; its
-    device count is the layout's world), at `request` (batch_size: samples per data-parallel replica per step).
+    device count is the layout's world), at `request` (batch_size: samples per data-parallel replica per step;
+    offload_optimizer, offload_params: offload.py), each optimizer step accumulating the gradients of `grad_accum`
+    such batches (the peak: its last, the gradients already held; collectives per optimizer step).
     `method`: "traced" (each pipeline rank's program on fake tensors), "analytic" (decoder formulas), "auto"
     (`layout_method`). Raises SpecError where the layout cannot run this workload there (or "analytic" is asked of
     a model that is not a decoder), EstimateError where it cannot be traced."""
     from advisor.estimate.estimator import _local_cpu, _margin, _resolve
     from advisor.estimate.model import EstimateOptions
+    from advisor.estimate.offload import host_bytes, offload_problem, on_device
     from advisor.estimate.rank_trace import trace_rank
     from advisor.estimate.strategy import peak_breakdown
 
@@ -109,23 +116,27 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
     req = req.model_copy(update={"strategy": layout.strategy})
     meta = _meta_model(wl) if wl.decoder is None else None  # a decoder's shape says what the checks need
     check_layout(wl, hw, layout, req.batch_size, meta)
+    why = offload_problem(layout, req) or (f"grad_accum must be 1 or more, not {grad_accum}" if grad_accum < 1 else "")
+    if why:
+        raise SpecError(why)
     usable = int(hw.memory_per_device_bytes * (1 - _margin(EstimateOptions(margin=margin))))
     cuda = hw.device_type == "cuda"
     split = layout.split(wl.decoder.layers) if wl.decoder is not None else ()
     ranks, notes, runtime = [], [], 0
     method = layout_method(wl, layout, method)
     for pp_rank in range(layout.pp):
-        rank = pp_rank * layout.dp * layout.tp  # dp 0, tp 0 of this pipeline rank
+        rank = pp_rank * (layout.world // layout.pp)  # dp 0, cp 0, tp 0 of this pipeline rank
         if method == "analytic":
             from advisor.estimate.parallel_analytic import analytic_rank_trace
 
             trace, comm = analytic_rank_trace(wl.decoder, layout, pp_rank, req, device_type=hw.device_type,
-                                              optimizer_impl=_impl(req, hw.device_type))
+                                              optimizer_impl=_impl(req, hw.device_type), grad_accum=grad_accum)
         else:
             rt = trace_rank(wl, layout, rank, req.batch_size, precision=req.precision, optimizer=req.optimizer,
                             optimizer_impl=_impl(req, hw.device_type), checkpointing=req.checkpointing,
-                            cpu_workspaces=_local_cpu(hw), gloo=not cuda)
+                            cpu_workspaces=_local_cpu(hw), gloo=not cuda, grad_accum=grad_accum)
             trace, comm = rt.trace, rt.comm_bytes
+        host, trace = host_bytes(trace, req), on_device(trace, req)
         allocated, parts = peak_breakdown(trace.curve)
         total, runtime = allocated, 0
         if cuda:
@@ -138,13 +149,17 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
         parts["overhead"] = max(total - sum(parts.values()), 0)
         ranks.append(RankEstimate(ranks=members, stages=stages, layers=sum(split[s] for s in stages) if split else 0,
                                   total_bytes=total, allocated_bytes=allocated, breakdown=Breakdown(**parts),
-                                  comm_bytes=comm, fits=total + runtime <= usable))
+                                  comm_bytes=comm, fits=total + runtime <= usable, host_bytes=host))
     num_params = _param_count(wl, meta)
     if cuda:
         notes.append("NCCL's communicator buffers are not counted")
     if method == "analytic":
         notes.append("analytic: per-layer decoder formulas (Korthikanti et al. 2022) at the schedule's moments")
+    if req.offload_optimizer or req.offload_params:
+        notes.append("offload: the optimizer state and step on the host" + (", and the parameter shards and reduced "
+                     "gradients" if req.offload_params else "") + "; host_bytes: each rank's host memory")
     return LayoutEstimate(workload=wl.name, hardware=hw.accelerator.name, layout=layout, request=req, method=method,
+                          grad_accum=grad_accum,
                           predicts="cuda_reserved" if cuda else "cpu_allocated", ranks=ranks,
                           device_memory_bytes=hw.memory_per_device_bytes, usable_bytes=usable,
                           fits=all(r.fits for r in ranks), runtime_bytes=runtime if cuda else 0,
@@ -156,7 +171,7 @@ def layout_method(wl: Any, layout: Layout, method: str) -> Literal["traced", "an
     tensor-parallel rank, params / (tp x pp), exceed settings.trace_param_limit / 8, traced otherwise: the limit
     bounds one device's trace, and a rank's costs more per parameter (DTensor and the schedule add work to every
     op) and runs once per pipeline rank. SpecError for "analytic" without a decoder."""
-    if layout.strategy == Strategy.ddp and layout.dp > 1:
+    if layout.strategy == Strategy.ddp and layout.dp * layout.cp > 1:
         # DDP's reducer reads its gradients' memory as it is built: a fake tensor has none to read
         if method == "traced" or wl.decoder is None:
             raise SpecError("a layout with ddp replicas cannot be traced (DDP reads its gradients' memory as it is "

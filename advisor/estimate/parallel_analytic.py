@@ -9,7 +9,8 @@ parallel); the norms' tensors hold seq_len / tp tokens under sequence parallel, 
 elements (h hidden, f ffn, H heads, t tp, s = 1/t under sequence parallel else 1, n_q, n_s, n_g as analytic.py):
   norms: RMSNorm, which computes in fp32, 2 s h fp32 each (its input, a copy of it under pure bf16, and
       normalised x); LayerNorm s h in the residual dtype; fp32 statistics per token
-  attention: n_q h (norm out) + 4 h / t (q, k, v into SDPA, its output) + H / t fp32 (SDPA's logsumexp)
+  attention: n_q h (norm out) + 4 h / t (q, k, v into SDPA, its output) + H / t fp32 (SDPA's logsumexp; not held
+      under selective checkpointing, which recomputes SDPA: q, k, v stay as its inputs, the output as wo's)
   FFN: n_s h + 4 f / t (SwiGLU) or n_g h + 2 f / t (GELU)
 The last stage keeps the fp32 log-softmax of the whole vocabulary (the output layer gathers the logits on every tp
 rank), and under pp the logits too (a stage's output waits for its backward). ZeRO-2/3 are FSDP2 on the dp mesh:
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from advisor.config import OptimizerKind, Precision, Strategy
-from advisor.estimate.parallel_moments import F32, RankDims, RankMemory, StageFigures, schedule_order
+from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy
+from advisor.estimate.parallel_moments import F32, RankDims, RankMemory, StageFigures, StepKnobs, schedule_order
 from advisor.parallel.layout import Layout
 from advisor.workload import DecoderArch
 
@@ -31,29 +32,44 @@ if TYPE_CHECKING:
 
 
 def analytic_rank(arch: DecoderArch, layout: Layout, pp_rank: int, batch_size: int, *, precision: Precision,
-                  optimizer: OptimizerKind, checkpointing: bool = False, optimizer_impl: str | None = None,
-                  device_type: str = "cuda") -> tuple[dict[str, int], dict[str, int]]:
+                  optimizer: OptimizerKind, checkpointing: Checkpointing | bool = Checkpointing.none,
+                  optimizer_impl: str | None = None, device_type: str = "cuda", grad_accum: int = 1,
+                  offload_optimizer: bool = False,
+                  offload_params: bool = False) -> tuple[dict[str, int], dict[str, int]]:
     """(peak breakdown in bytes, as strategy.peak_breakdown names its parts; collective payload bytes per optimizer
     step by kind, as comm.py counts them) of every rank of pipeline rank `pp_rank`.
 
     `batch_size`: samples per data-parallel replica per step (split into layout.n_microbatches under pp);
     `optimizer_impl`: as training.make_optimizer takes it (None: torch's per-parameter loop, as on a CPU);
-    `device_type`: the ranks' devices ("cpu": gloo's collectives, "cuda": NCCL's)."""
+    `device_type`: the ranks' devices ("cpu": gloo's collectives, "cuda": NCCL's); `grad_accum`: batches whose
+    gradients a step accumulates; `offload_optimizer`, `offload_params`: ZeRO-Offload (RankMemory._offload)."""
+    mem, comm = rank_memory(arch, layout, pp_rank, batch_size, precision=precision, optimizer=optimizer,
+                            checkpointing=checkpointing, optimizer_impl=optimizer_impl, device_type=device_type,
+                            knobs=StepKnobs(grad_accum, offload_optimizer, offload_params))
+    return mem.peak(), comm
+
+
+def rank_memory(arch: DecoderArch, layout: Layout, pp_rank: int, batch_size: int, *, precision: Precision,
+                optimizer: OptimizerKind, checkpointing: Checkpointing | bool, optimizer_impl: str | None,
+                device_type: str, knobs: StepKnobs) -> tuple[RankMemory, dict[str, int]]:
+    """`analytic_rank`'s RankMemory, before its peak is taken, and its collective bytes."""
+    checkpointing = Checkpointing(checkpointing)
     micro = batch_size // layout.n_microbatches if layout.pp > 1 else batch_size
     d = _dims(arch, layout, micro, precision, device_type == "cpu")
     stages = [_stage(arch, layout, d, s, checkpointing) for s in _stage_indices(layout, pp_rank)]
-    mem = RankMemory(arch, layout, d, stages, pp_rank, optimizer, optimizer_impl, batch_size, checkpointing)
-    comm = _comm(arch, layout, d, stages, pp_rank, checkpointing)
-    return mem.peak(), {k: v for k, v in sorted(comm.items()) if v}
+    mem = RankMemory(arch, layout, d, stages, pp_rank, optimizer, optimizer_impl, batch_size, checkpointing, knobs)
+    comm = _comm(arch, layout, d, stages, pp_rank, checkpointing, knobs.grad_accum)
+    return mem, {k: v for k, v in sorted(comm.items()) if v}
 
 
 def _dims(arch: DecoderArch, layout: Layout, micro: int, precision: Precision, gloo: bool) -> RankDims:
     pure = precision == Precision.bf16_pure
     autocast = precision.autocast_dtype is not None
     sp = layout.sequence_parallel and layout.tp > 1
-    return RankDims(b=micro, T=arch.seq_len, s=arch.seq_len // layout.tp if sp else arch.seq_len, t=layout.tp,
+    tokens = arch.seq_len // layout.cp  # each context-parallel rank's share of every sequence
+    return RankDims(b=micro, T=tokens, s=tokens // layout.tp if sp else tokens, t=layout.tp,
                     r=2 if pure else 4, c=2 if pure or autocast else 4, autocast=autocast, pp=layout.pp > 1,
-                    gloo=gloo)
+                    gloo=gloo, ring=layout.cp > 1)
 
 
 def _block_shapes(arch: DecoderArch, t: int) -> tuple[tuple[int, int], ...]:
@@ -95,7 +111,7 @@ def _embedding_rows(arch: DecoderArch, first: bool) -> tuple[int, ...]:
     return ((arch.vocab,) + ((arch.seq_len,) if arch.learned_positions else ())) if first else ()
 
 
-def _stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, checkpointing: bool) -> StageFigures:
+def _stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, checkpointing: Checkpointing) -> StageFigures:
     """Stage `index`'s figures on one tp rank (pipeline.py's DecoderStage, tensor.py's plan)."""
     layers = layout.split(arch.layers)[index]
     first, last = index == 0, index == layout.stages - 1
@@ -104,8 +120,10 @@ def _stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, checkpoin
     block_linear = sum(a * b for a, b in block) - 2 * norms
     # training.repeated_blocks: blocks are units (FSDP, checkpointing) only where a stage holds two or more
     grouped = layers >= 2
-    checkpointed = checkpointing and grouped
+    checkpointed = checkpointing == Checkpointing.full and grouped
     full = _layer_saved(arch, d)
+    if checkpointing == Checkpointing.selective and grouped:  # SDPA's logsumexp is recomputed, not held
+        full -= d.b * d.T * arch.heads // d.t * F32
     per_layer = d.b * d.s * arch.hidden * d.r if checkpointed else full  # a checkpoint keeps the block's input
     recompute = full if checkpointed else 0  # a checkpointed block runs its forward again before its backward
     gather, loss, head_bwd = _loss_extra(arch, d) if last else (0, 0, 0)
@@ -135,7 +153,9 @@ def _layer_saved(arch: DecoderArch, d: RankDims) -> int:
     tokens, local = d.b * d.T, d.b * d.s
     norm = local * _norm_saved(arch, d)
     read = tokens * h * (d.c if d.autocast else d.r)  # a norm's output as a projection reads it
-    attn = (3 if d.autocast else 1) * read + tokens * (4 * h // t * d.c + arch.heads // t * F32)
+    # q, k, v into attention and its output; the ring keeps k and v with their KV heads, SDPA expanded to H
+    qkvo = 4 * h // t if not d.ring else 2 * h // t + 2 * arch.kv_heads * (h // arch.heads) // t
+    attn = (3 if d.autocast else 1) * read + tokens * (qkvo * d.c + arch.heads // t * F32)
     ffn = ((2 if arch.gated_ffn else 1) if d.autocast else 1) * read + tokens * (4 if arch.gated_ffn else 2) * f * d.c
     return 2 * norm + attn + ffn
 
@@ -203,14 +223,15 @@ def _block_backward(arch: DecoderArch, d: RankDims, first: bool) -> int:
 
 
 def _comm(arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigures], pp_rank: int,
-          checkpointing: bool) -> dict[str, int]:
+          checkpointing: Checkpointing, grad_accum: int = 1) -> dict[str, int]:
     """Payload bytes per optimizer step by kind (comm.py): tensor parallel's per layer, forward and backward, for
-    every micro-batch; pipeline sends and receives of hidden states and their gradients; the data-parallel
-    strategy's once per step (ZeRO: per FSDP unit, each time the schedule finds it sharded)."""
+    every micro-batch of each of the step's `grad_accum` batches; pipeline sends and receives of hidden states and
+    their gradients; the data-parallel strategy's reductions once per step (ZeRO: gathers per FSDP unit, each time
+    the schedule finds it sharded, in every batch)."""
     from collections import Counter
 
     out: Counter[str] = Counter()
-    n = layout.n_microbatches if d.pp else 1
+    n = (layout.n_microbatches if d.pp else 1) * grad_accum
     hidden = d.b * d.s * arch.hidden * d.r
     for st in stages:
         if d.t > 1:
@@ -219,12 +240,16 @@ def _comm(arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigu
         if d.pp:
             out["send"] += n * hidden * ((not st.first) + (not st.last))
             out["recv"] += n * hidden * ((not st.first) + (not st.last))
-    if layout.dp > 1:
-        _data_comm(out, arch, layout, d, stages, pp_rank)
+    if layout.cp > 1:  # the ring (context.py), per layer: keys and values around it, their fp32 gradients back
+        kv = d.b * d.T * arch.kv_heads * (arch.hidden // arch.heads) // d.t * 2
+        ring = 2 * (layout.cp - 1) * kv * d.c + layout.cp * kv * F32
+        out["all_to_all"] += n * sum(st.layers for st in stages) * ring
+    if layout.grad_ranks > 1:
+        _data_comm(out, arch, layout, d, stages, pp_rank, grad_accum)
     return dict(out)
 
 
-def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing: bool) -> dict[str, int]:
+def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing: Checkpointing) -> dict[str, int]:
     """One micro-batch's tensor-parallel collectives on one stage, forward and backward. Sequence parallel: each
     column-parallel region gathers its input (a norm's output, residual dtype) and its backward reduce-scatters the
     gradient; each row-parallel output (compute dtype) is reduce-scattered and its gradient gathered. Without it,
@@ -232,7 +257,7 @@ def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing
     runs its forward again as far as its last saved tensor (the FFN's last matrix's input): both gathers, and the
     attention's reduce-scatter (all-reduce without sequence parallel)."""
     bth = d.b * d.T * arch.hidden
-    again = checkpointing and st.layers >= 2
+    again = checkpointing == Checkpointing.full and st.layers >= 2  # selective recomputes SDPA alone: no collective
     logits = d.b * d.T * d.t * -(-arch.vocab // d.t) * d.c
     sp = d.s != d.T
     out = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
@@ -251,19 +276,21 @@ def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing
 
 
 def _data_comm(out: dict[str, int], arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigures],
-               pp_rank: int) -> None:
+               pp_rank: int, grad_accum: int = 1) -> None:
     """DDP all-reduces every gradient once a step. FSDP2 gathers a unit (its padded shards) each time a forward or
-    backward finds it sharded, reduce-scatters its padded gradients once a step, and all-reduces over tp the
-    gradients of the parameters tp replicates (norms)."""
+    backward of any of the step's `grad_accum` batches finds it sharded, reduce-scatters its padded gradients once
+    a step, and all-reduces over tp the gradients of the parameters tp replicates (norms)."""
     units = [[sum(a * b for a, b in u) * d.r for u in st.units] for st in stages]
     if layout.strategy == Strategy.ddp:
         out["all_reduce"] += sum(map(sum, units))
         return
-    dp = layout.dp
+    dp = layout.fsdp_shards
     padded = [sum(sum(-(-a // dp) * dp * b for a, b in u) for u in st.units) * d.r for st in stages]
     gathers = _gathers(layout, pp_rank, len(stages))
-    out["all_gather"] += sum(g * p for g, p in zip(gathers, padded))
+    out["all_gather"] += grad_accum * sum(g * p for g, p in zip(gathers, padded))
     out["reduce_scatter"] += sum(padded)
+    if layout.dp_replicate > 1:  # HSDP: each reduce-scattered shard all-reduced across the replica groups
+        out["all_reduce"] += sum(padded) // dp
     if d.t > 1:
         norms = sum(a for a, _ in _norm_shapes(arch))
         out["all_reduce"] += sum(2 * st.layers + st.last for st in stages) * norms * d.r
@@ -282,10 +309,12 @@ def _gathers(layout: Layout, pp_rank: int, count: int) -> list[int]:
 
 
 def analytic_rank_trace(arch: DecoderArch, layout: Layout, pp_rank: int, request: EstimateRequest, *,
-                        device_type: str, optimizer_impl: str | None = None) -> tuple[Trace, dict[str, int]]:
+                        device_type: str, optimizer_impl: str | None = None,
+                        grad_accum: int = 1) -> tuple[Trace, dict[str, int]]:
     """`analytic_rank` as a one-moment synthetic Trace (the peak, its parts in trace.py's categories, so that
-    strategy.peak_breakdown reads them back and overhead.cuda_overhead treats it as formulas) and the collective
-    bytes: what estimate_layout takes from a rank's trace."""
+    strategy.peak_breakdown reads them back and overhead.cuda_overhead treats it as formulas; its parameter,
+    gradient and optimizer-state bytes the rank's at the step, as a traced run's, offload aside) and the
+    collective bytes: what estimate_layout takes from a rank's trace. The request's offload applies."""
     import numpy as np
 
     from advisor.estimate.trace import (
@@ -298,9 +327,11 @@ def analytic_rank_trace(arch: DecoderArch, layout: Layout, pp_rank: int, request
         Trace,  # noqa: F811 - the runtime import of the annotation's class
     )
 
-    parts, comm = analytic_rank(arch, layout, pp_rank, request.batch_size, precision=request.precision,
-                                optimizer=request.optimizer, checkpointing=request.checkpointing,
-                                optimizer_impl=optimizer_impl, device_type=device_type)
+    knobs = StepKnobs(grad_accum, request.offload_optimizer, request.offload_params)
+    mem, comm = rank_memory(arch, layout, pp_rank, request.batch_size, precision=request.precision,
+                            optimizer=request.optimizer, checkpointing=request.checkpointing,
+                            optimizer_impl=optimizer_impl, device_type=device_type, knobs=knobs)
+    parts = mem.peak()
     row = np.zeros((1, len(CATEGORY_NAMES)), dtype=np.int64)
     for name, cat in (("parameters", PARAMS), ("gradients", GRADS), ("optimizer_state", OPT_STATE),
                       ("activations", ACTIVATIONS), ("temporaries", TEMPORARIES)):
@@ -309,8 +340,8 @@ def analytic_rank_trace(arch: DecoderArch, layout: Layout, pp_rank: int, request
     layers = [layout.split(arch.layers)[s] for s in _stage_indices(layout, pp_rank)]
     block = sum(a * b for a, b in _block_shapes(arch, layout.tp))
     trace = Trace(curve=row, sizes=np.asarray([total], dtype=np.int64), ids=np.zeros(1, dtype=np.int64),
-                  param_bytes=parts["parameters"], grad_bytes=parts["gradients"],
-                  opt_state_bytes=parts["optimizer_state"], largest_block_bytes=block * (4 if
+                  param_bytes=mem.at_rest[0], grad_bytes=mem.at_rest[1], opt_state_bytes=mem.at_rest[2],
+                  largest_block_bytes=block * (4 if
                   request.precision != Precision.bf16_pure else 2), flops_per_step=0,
                   num_params=sum(layers) * block, seconds=0.0, synthetic=True)
     return trace, comm

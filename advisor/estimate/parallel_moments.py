@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.config import OptimizerKind, Strategy
+from advisor.config import Checkpointing, OptimizerKind, Strategy
 from advisor.estimate.analytic import STATE_PER_PARAM
 from advisor.parallel.layout import Layout, PipelineSchedule
 from advisor.workload import DecoderArch
@@ -31,6 +31,7 @@ class RankDims:
     autocast: bool
     pp: bool  # the stage runs under a pipeline schedule (its output waits for its backward)
     gloo: bool  # collectives run on gloo (a CPU rank), whose all-gather holds a buffer of its output's size
+    ring: bool = False  # context parallel: attention is the ring (context.py), fed unexpanded keys and values
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,15 @@ class StageFigures:
     per_layer: int  # bytes a block keeps per micro-batch (its input alone when checkpointed)
     grad_extra: int  # gradient bytes beyond the local parameters': tp's embeddings get whole-table gradients
     buffers: int  # pipeline receive buffers, kept across steps (bytes)
+
+
+@dataclass(frozen=True)
+class StepKnobs:
+    """What one optimizer step of a rank spans beyond a batch, and where ZeRO-Offload keeps its state."""
+
+    grad_accum: int = 1  # batches whose gradients add up before the step; its peak falls on the last, gradients held
+    offload_optimizer: bool = False  # the optimizer state and step on the host
+    offload_params: bool = False  # zero3: the sharded parameters, and gradients once reduce-scattered, on the host
 
 
 def schedule_order(layout: Layout, pp_rank: int) -> list[tuple[str, int]]:
@@ -98,10 +108,11 @@ class RankMemory:
     step."""
 
     def __init__(self, arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigures], pp_rank: int,
-                 optimizer: OptimizerKind, impl: str | None, batch_size: int, checkpointing: bool) -> None:
+                 optimizer: OptimizerKind, impl: str | None, batch_size: int, checkpointing: Checkpointing,
+                 knobs: StepKnobs = StepKnobs()) -> None:
         self.arch, self.layout, self.d, self.stages, self.pp_rank = arch, layout, d, stages, pp_rank
-        dp = layout.dp
-        self.fsdp = dp > 1 and layout.strategy in (Strategy.zero1, Strategy.zero2, Strategy.zero3)
+        dp = layout.fsdp_shards if layout.strategy.sharded else layout.grad_ranks
+        self.fsdp = layout.grad_ranks > 1 and layout.strategy in (Strategy.zero1, Strategy.zero2, Strategy.zero3)
         self.zero3 = self.fsdp and layout.strategy == Strategy.zero3
         rows = (lambda n: -(-n // dp)) if self.fsdp else (lambda n: n)
         shapes = [(rows(a), b) for st in stages for u in st.units for a, b in u]
@@ -117,10 +128,24 @@ class RankMemory:
         self.copies = sum(st.linear for st in stages) * d.c if d.autocast else 0
         # without pp, autocast's cache dies as forward ends: a checkpointed block saved no weight copy, and its
         # recompute makes its own again, one block at a time
-        recomputed = [st for st in stages if checkpointing and st.layers >= 2]
+        recomputed = [st for st in stages if Checkpointing(checkpointing) == Checkpointing.full and st.layers >= 2]
         self.freed = sum((st.layers - 1) * st.block_linear for st in recomputed) * d.c * (d.autocast and not d.pp)
-        self.buckets = sum(map(sum, self.units)) if layout.strategy == Strategy.ddp and dp > 1 else 0
+        self.buckets = sum(map(sum, self.units)) if layout.strategy == Strategy.ddp and layout.grad_ranks > 1 else 0
         self.kept = batch_size * (arch.seq_len + 1) * 8 + sum(st.buffers for st in stages)  # token ids, pp buffers
+        self.held = knobs.grad_accum > 1  # the last micro-step of a step starts with the others' gradients
+        # parameters at rest, gradients at the step, optimizer state (bytes), wherever offload keeps them
+        self.at_rest = (self.params, self._grads(final=True), self.state)
+        self._offload(knobs)
+
+    def _offload(self, knobs: StepKnobs) -> None:
+        """Take off the device what ZeRO-Offload keeps on the host, which steps the optimizer: the state and its
+        temporaries (Ren et al. 2021). FSDP2's CPUOffloadPolicy (zero3) also keeps the sharded parameters there,
+        and each gradient once reduce-scattered; the device keeps the gathered units and unreduced gradients."""
+        if knobs.offload_optimizer or knobs.offload_params:
+            self.state = self.step_temps = 0
+        if knobs.offload_params:
+            self.params = 0
+            self.sharded = [[0] * len(units) for units in self.sharded]
 
     def peak(self) -> dict[str, int]:
         moments = self._schedule()
@@ -134,15 +159,17 @@ class RankMemory:
                 "activations": acts + self.kept, "temporaries": max(extra, 0)}
 
     def _grads(self, final: bool = False) -> int:
-        """Gradients of the stages whose backward ran (every stage at the step, `final`): FSDP keeps them unsharded
-        until the step's reduce-scatter under pp (every backward but the last skips it), else shards them after
-        each backward."""
+        """Gradients of the stages whose backward ran (every stage at the step, `final`; every stage throughout the
+        last micro-step of an accumulating step, `held`): FSDP keeps them unsharded until the step's reduce-scatter
+        under pp (every backward but the last skips it), else shards them after each backward of the step's last
+        micro-step (the earlier ones accumulate them unsharded)."""
         total = 0
         for i, st in enumerate(self.stages):
-            if final or self.backwards[i]:
+            ran = final or self.backwards[i] > 0
+            if ran or self.held:
                 whole = sum(self.units[i])
-                total += whole + st.grad_extra if not self.fsdp else (
-                    whole if self.d.pp and not final else sum(self.sharded[i]))
+                reduced = final or (ran and not self.d.pp)
+                total += sum(self.sharded[i]) if self.fsdp and reduced else whole + st.grad_extra
         return total
 
     def _schedule(self) -> list[dict[str, int]]:
@@ -195,7 +222,7 @@ class RankMemory:
         Under pp autocast's weight copies outlive a micro-batch, so their casts' backward nodes are older than any
         of a later micro-batch's and autograd runs them last: that backward ends holding the gradients of every
         weight copy of the stage, then casts them to fp32 one by one."""
-        st, acts, again = self.stages[i], self._acts(), self.backwards[i] > 0
+        st, acts, again = self.stages[i], self._acts(), self.backwards[i] > 0 or self.held
         block = st.block_bwd[again]
         if self.zero3 and self.d.pp and not self.gathered[i]:  # the last block gathered, the next one's prefetched
             block += self.units[i][-2 if len(self.units[i]) > 1 else -1] + self._gather_buffer(i) * (1 + self.d.gloo)
@@ -222,8 +249,8 @@ class RankMemory:
         unsharded = 0
         if self.fsdp and not self.d.pp:
             unsharded = units[-1] + units[0] * (len(units) > 1) if self.zero3 else sum(units)
-        return self._now(acts, st.block_bwd[again], unsharded, grads=0 if again else self._early_grads(i),
-                         freed=self.freed)
+        grads = self._held_reduced(i, len(units) - 2) if again else self._early_grads(i)
+        return self._now(acts, st.block_bwd[again], unsharded, grads=grads, freed=self.freed)
 
     def _second_block(self, i: int, again: bool) -> dict[str, int]:
         """ZeRO-3 without pp, as the stage's second block's backward runs: the root and the block gathered, the
@@ -236,7 +263,15 @@ class RankMemory:
         grads = (blocks - 2) * self.sharded[i][0] + units[-1] - embed
         buffer = self.padded[i][0]
         extra = 2 * buffer + max(buffer * d.gloo, st.block_bwd[again])
-        return self._now(acts, extra, units[-1] + units[0], grads=0 if again else grads, freed=self.freed)
+        grads = self._held_reduced(i, blocks - 2) if again else grads
+        return self._now(acts, extra, units[-1] + units[0], grads=grads, freed=self.freed)
+
+    def _held_reduced(self, i: int, done: int) -> int:
+        """Less the held gradients of stage i that the last micro-step of an accumulating step has reduce-scattered
+        by now, FSDP without pp: `done` blocks' unsharded gradients gone to their shards (bytes, <= 0)."""
+        if not (self.held and self.fsdp and not self.d.pp and self.backwards[i] == 0):
+            return 0
+        return -max(done, 0) * (self.units[i][0] - self.sharded[i][0])
 
     def _early_grads(self, i: int) -> int:
         """Gradient bytes of stage i before its first block's backward: every other block's and the head's. FSDP
@@ -264,7 +299,7 @@ class RankMemory:
         buffer = self._gather_buffer(i) * refetch
         extra = st.log_softmax + st.head_grad + bth * d.c + buffer * (1 + d.gloo * d.pp)
         output = self._now(acts - st.log_softmax, extra, units[-1] * refetch, freed=self.freed)
-        again = self.backwards[i] > 0
+        again = self.backwards[i] > 0 or self.held
         if not refetch:  # the last block's backward, the head's saved tensors freed
             extra = st.block_bwd[again] + bth * d.r
             return [output, self._now(acts - st.head, extra, grads=0 if again else st.head_grad, freed=self.freed)]

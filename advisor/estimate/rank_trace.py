@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.config import OptimizerKind, Precision
+from advisor.config import Checkpointing, OptimizerKind, Precision
 from advisor.errors import EstimateError
 from advisor.estimate.fake_build import build_batch, build_model
 from advisor.estimate.trace import (
@@ -41,11 +41,14 @@ class RankTrace:
 
 
 def trace_rank(workload: Workload, layout: Layout, rank: int, batch_size: int, *, precision: Precision,
-               optimizer: OptimizerKind, optimizer_impl: str | None = None, checkpointing: bool = False,
-               cpu_workspaces: bool = False, fake: bool = True, gloo: bool = True) -> RankTrace:
+               optimizer: OptimizerKind, optimizer_impl: str | None = None,
+               checkpointing: Checkpointing = Checkpointing.none,
+               cpu_workspaces: bool = False, fake: bool = True, gloo: bool = True,
+               grad_accum: int = 1) -> RankTrace:
     """Build rank `rank`'s program and run TRACED_STEPS steps of a batch of `batch_size` samples per data-parallel
-    replica, recording what it allocates. fake=True (the estimator): on fake tensors, in a fake process group of
-    `layout.world` ranks made and destroyed here (the caller's process must be in none). fake=False (a check of
+    replica, recording what it allocates; each step accumulates the gradients of `grad_accum` such batches
+    (advisor.parallel.accumulate.accumulated_steps). fake=True (the estimator): on fake tensors, in a fake process
+    group of `layout.world` ranks made and destroyed here (the caller's process must be in none). fake=False (a check of
     the estimator): on real tensors, in the real process group this process already joined. `gloo`: the ranks'
     collectives are gloo's (a CPU target), which stage some payloads in buffers of their own. Raises EstimateError
     where the program cannot run on fake tensors."""
@@ -70,8 +73,9 @@ def trace_rank(workload: Workload, layout: Layout, rank: int, batch_size: int, *
         with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), \
                 _run_contexts(tracker, precision, "cpu", fake), _resizes_tracked(tracker), _meshes_outside_modes(), \
                 static_pipeline() if fake else contextlib.nullcontext():
-            program, sizes = _run(workload, layout, rank, batch_size, tracker, fake_mode, mesh, precision=precision,
-                                  optimizer=optimizer, optimizer_impl=optimizer_impl, checkpointing=checkpointing)
+            program, sizes, comm = _run(workload, layout, rank, batch_size, tracker, fake_mode, mesh,
+                                        grad_accum=grad_accum, precision=precision, optimizer=optimizer,
+                                        optimizer_impl=optimizer_impl, checkpointing=checkpointing)
     except EstimateError:
         raise
     except Exception as exc:
@@ -83,14 +87,16 @@ def trace_rank(workload: Workload, layout: Layout, rank: int, batch_size: int, *
             dist.destroy_process_group()
             _forget_meshes()
     trace = _trace_of(tracker, **sizes, flops_per_step=0, seconds=time.perf_counter() - t0)
-    return RankTrace(rank=rank, coords=program.coords, trace=trace, comm_bytes=tracker.comm.per_step(1))
+    return RankTrace(rank=rank, coords=program.coords, trace=trace, comm_bytes=comm)
 
 
 def _run(workload: Workload, layout: Layout, rank: int, batch_size: int, tracker: Tracker, fake_mode: Any,
-         mesh: Any, **knobs: Any) -> tuple[Any, dict[str, int]]:
-    """Build the rank's program and step it TRACED_STEPS times under the tracker; (the program, Trace's sizes)."""
+         mesh: Any, grad_accum: int = 1, **knobs: Any) -> tuple[Any, dict[str, int], dict[str, int]]:
+    """Build the rank's program and step it TRACED_STEPS times under the tracker; (the program, Trace's sizes, the
+    collective bytes of the last step by kind)."""
     import torch
 
+    from advisor.parallel.accumulate import accumulated_steps
     from advisor.parallel.program import build_program
 
     torch.manual_seed(0)
@@ -102,21 +108,28 @@ def _run(workload: Workload, layout: Layout, rank: int, batch_size: int, tracker
     param_bytes = sum(tracker.bytes_of(p) for p in params)
     tracker.param_keys = {local_tensor(p).untyped_storage()._cdata for p in params}
     phases = _PhaseWatch(tracker, program.model, program)
+    steps, held = accumulated_steps(grad_accum), {}
     for it in range(TRACED_STEPS):
-        tracker.set_phase("batch")
-        batch = build_batch(workload, batch_size, fake_mode) if fake_mode is not None \
-            else workload.make_batch(batch_size)
-        for t in torch.utils._pytree.tree_flatten(batch)[0]:
-            tracker.track(t)
-        if it == TRACED_STEPS - 1:
-            tracker.comm.reset()
-        program.step(batch, phases)
-        del batch
+        for micro, kwargs in enumerate(steps):
+            tracker.set_phase("batch")
+            batch = build_batch(workload, batch_size, fake_mode) if fake_mode is not None \
+                else workload.make_batch(batch_size)
+            for t in torch.utils._pytree.tree_flatten(batch)[0]:
+                tracker.track(t)
+            if it == TRACED_STEPS - 1:
+                tracker.comm.reset()
+            program.step(batch, phases, **kwargs)
+            del batch
+            if it == TRACED_STEPS - 1 and micro < len(steps) - 1:
+                held = dict(tracker.comm.bytes)  # a micro-step that does not step the optimizer
+    comm = dict(tracker.comm.bytes)
+    for kind, nbytes in held.items():  # the step's other micro-steps are alike
+        comm[kind] = comm.get(kind, 0) + (grad_accum - 1) * nbytes
     opt_state = sum(tracker.bytes_of(v) for opt in program.optimizers for s in opt.state.values()
                     for v in s.values() if isinstance(v, torch.Tensor))
     return program, {"param_bytes": int(param_bytes), "grad_bytes": int(phases.grad_bytes),
                      "opt_state_bytes": int(opt_state), "largest_block_bytes": int(block_bytes),
-                     "num_params": int(num_params)}
+                     "num_params": int(num_params)}, {k: v for k, v in sorted(comm.items()) if v}
 
 
 @contextlib.contextmanager

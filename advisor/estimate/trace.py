@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from advisor.config import OptimizerKind, Precision
+from advisor.config import Checkpointing, OptimizerKind, Precision
 from advisor.errors import EstimateError
 from advisor.estimate import scratch, scratch_cpu, scratch_cuda
 from advisor.estimate.autocast_cuda import cuda_policy
@@ -110,7 +110,8 @@ def trace_training(workload: Workload, batch_size: int, **kwargs: Any) -> Trace:
 
 
 def _trace_training(workload: Workload, batch_size: int, *, precision: Precision, optimizer: OptimizerKind,
-                    checkpointing: bool = False, fused_backward: bool = False, optimizer_impl: str | None = None,
+                    checkpointing: Checkpointing | bool = Checkpointing.none, fused_backward: bool = False,
+                    optimizer_impl: str | None = None,
                     fake: bool = True, count_flops: bool = True, cpu_workspaces: bool = False,
                     cuda_workspaces: bool = False, device: str = "cpu", reduce_gpu: ReduceGpu | None = None,
                     skip_init: bool = False) -> Trace:

@@ -3,7 +3,8 @@
 Every collective reaches the dispatcher as a c10d op (process-group calls, DDP's reducer, FSDP2) or a functional
 collective (DTensor's redistributions), so one dispatch mode sees them all, on real ranks and under a fake process
 group alike. A kind's bytes are its payload on this rank: the all-reduced buffer; the gathered output of an
-all-gather; the input a reduce-scatter reduces; a send's or receive's tensor. Ring algorithms move 2(n-1)/n
+all-gather; the input a reduce-scatter reduces; a send's or receive's tensor; an all-to-all's input (context
+parallel's ring rotation is one that sends all of it to the next rank). Ring algorithms move 2(n-1)/n
 (all-reduce) or (n-1)/n (the others) of that over the wire.
 """
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.config import OptimizerKind, Precision
+from advisor.config import Checkpointing, OptimizerKind, Precision
 from advisor.errors import TrialError
 from advisor.parallel.layout import Layout
 
@@ -34,7 +34,7 @@ class RankMeasureRequest(BaseModel):
     precision: Precision = Precision.fp32
     optimizer: OptimizerKind = OptimizerKind.adamw
     optimizer_impl: Literal["for-loop", "foreach", "fused"] | None = None
-    checkpointing: bool = False
+    checkpointing: Checkpointing = Checkpointing.none
     steps: int = Field(default=3, ge=2)
     device: Literal["cpu", "cuda"] = "cpu"
     threads: int | None = Field(default=1, gt=0, description="Intra-op threads per rank (None: torch's default).")

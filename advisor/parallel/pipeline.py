@@ -75,7 +75,8 @@ def make_schedule(stages: list[nn.Module], layout: Layout, *, pp_rank: int, grou
     pipe = []
     for module, s in zip(stages, stage_ids(layout, pp_rank)):
         module.tokens_per_shard = tp_shards
-        inp = ids if s == 0 else hidden_state
+        # a later stage's received hidden states need gradients, which backward sends to the stage before
+        inp = ids if s == 0 else hidden_state.detach().requires_grad_()
         out = logits if s == layout.stages - 1 else hidden_state
         last = s == layout.stages - 1
         # gradients: of the hidden states a stage received (none for token ids), and of what it sent on

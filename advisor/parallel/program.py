@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from advisor.config import OptimizerKind, Precision, Strategy
+from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy
 from advisor.parallel.layout import MESH_DIMS, Layout
 from advisor.workload import Workload
 
@@ -36,7 +36,8 @@ class RankProgram:
 
 def build_program(workload: Workload, layout: Layout, *, rank: int, device_type: str, device: Any,
                   precision: Precision, optimizer: OptimizerKind, optimizer_impl: str | None = None,
-                  checkpointing: bool = False, batch_size: int, build: Callable[[], nn.Module] | None = None,
+                  checkpointing: Checkpointing = Checkpointing.none, batch_size: int,
+                  build: Callable[[], nn.Module] | None = None,
                   mesh: Any = None) -> RankProgram:
     """This rank's program, in a process group of `layout.world` ranks that is already initialised.
 
@@ -60,24 +61,68 @@ def build_program(workload: Workload, layout: Layout, *, rank: int, device_type:
         model.init_weights()
     else:
         model = _tensor_parallel((build or workload.build)().to(device), layout, mesh)
+    shard = context_shard(layout, mesh, workload.decoder.seq_len) if layout.cp > 1 else None
+    if shard is not None:
+        from advisor.parallel.context import apply_context_parallel
+
+        apply_context_parallel(model, shard)
     ctx = prepare(model, workload.loss_fn, precision=precision, optimizer=optimizer, device_type=device_type,
                   optimizer_impl=optimizer_impl, checkpointing=checkpointing,
                   wrap=lambda m: _data_parallel(m, layout, mesh, precision),
                   make_opt=lambda m: make_optimizer(optimizer, [p for p in m.parameters() if p.requires_grad],
                                                     optimizer_impl))
 
-    def step(batch: Any, phase: Callable[[str], None] | None = None, **kwargs: Any) -> Any:
-        return train_step(ctx, batch, phase, **kwargs)
+    def step(batch: Any, phase: Callable[[str], None] | None = None, *, loss_scale: float = 1.0,
+             optimizer_step: bool = True, **kwargs: Any) -> Any:
+        """Forward and backward of `batch`, its loss times `loss_scale`; with `optimizer_step` the data-parallel
+        gradients are reduced and the optimizer steps, else they accumulate for a later micro-step."""
+        from advisor.parallel.accumulate import gradient_sync
+
+        if shard is not None:  # this rank's tokens of every sample, inputs and targets alike
+            batch = tuple(shard.shard(t) for t in batch)
+        with gradient_sync(ctx.model, optimizer_step):
+            return train_step(ctx, batch, phase, loss_scale=loss_scale, step=optimizer_step, **kwargs)
 
     return RankProgram(layout=layout, coords=coords, model=ctx.model, optimizers=ctx.optimizers, step=step, mesh=mesh)
 
 
-def make_mesh(layout: Layout, device_type: str) -> Any:
-    """The pp x dp x tp device mesh over the process group's ranks (made outside any fake-tensor mode: the mesh
-    reads its own rank table)."""
+def make_mesh(layout: Layout, device_type: str) -> "RankMesh":
+    """The device mesh of MESH_DIMS over the process group's ranks, with the flattened meshes the program reads.
+    Made outside any fake-tensor mode: the mesh reads its own rank table."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS)
+    root = init_device_mesh(device_type, (layout.pp, layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp),
+                            mesh_dim_names=MESH_DIMS)
+    dp_cp = root["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+    derived = {"dp": root["dp_replicate", "dp_shard"]._flatten("dp"), "dp_cp": dp_cp,
+               "dp_shard_cp": root["dp_shard", "cp"]._flatten("dp_shard_cp")}
+    if layout.dp_replicate > 1:
+        derived["hsdp"] = dp_cp._unflatten(0, (layout.dp_replicate, layout.dp_shard * layout.cp),
+                                           ("dp_replicate", "dp_shard_cp"))
+    return RankMesh(root, derived)
+
+
+class RankMesh:
+    """A layout's device mesh (`root`, dimensions MESH_DIMS) and the meshes derived from it, by name: "dp"
+    (dp_replicate x dp_shard), "dp_cp" (every rank that averages the same gradients: DDP's group), "dp_shard_cp"
+    (the ranks FSDP shards over: context-parallel ranks hold the same parameters) and, under HSDP, "hsdp"
+    (dp_replicate x dp_shard_cp, FSDP2's 2-D mesh). torch keeps flattened meshes apart from the root's slicing."""
+
+    def __init__(self, root: Any, derived: dict[str, Any]) -> None:
+        self.root, self.derived = root, derived
+
+    def __getitem__(self, name: str) -> Any:
+        return self.derived[name] if name in self.derived else self.root[name]
+
+
+def context_shard(layout: Layout, mesh: Any, seq_len: int) -> Any:
+    """This rank's ContextShard under cp > 1, else None."""
+    if layout.cp == 1:
+        return None
+    from advisor.parallel.context import ContextShard
+
+    return ContextShard(group=mesh["cp"].get_group(), rank=mesh["cp"].get_local_rank(), size=layout.cp,
+                        seq_len=seq_len)
 
 
 def _built_on_meta(workload: Workload) -> nn.Module | None:
@@ -98,7 +143,7 @@ def _tensor_parallel(module: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
 
 
 def _data_parallel(module: nn.Module, layout: Layout, mesh: Any, precision: Precision) -> nn.Module:
-    """The data-parallel strategy over mesh['dp'], around the tensor-parallel module (torchtitan's order)."""
+    """The data-parallel strategy over the dp x cp ranks, around the tensor-parallel module (torchtitan's order)."""
     import warnings
 
     # FSDP2 warns of every root module that returns a view (the logits, after the output layer's gather): an
@@ -106,21 +151,23 @@ def _data_parallel(module: nn.Module, layout: Layout, mesh: Any, precision: Prec
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     if precision == Precision.bf16_pure:
         module.to(torch.bfloat16)  # FSDP2 and DDP size their buffers from the dtype at wrap time
-    if layout.dp == 1:
+    if layout.dp * layout.cp == 1:
         return module
     if layout.strategy == Strategy.ddp:
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(module, process_group=mesh["dp"].get_group())
+        return DistributedDataParallel(module, process_group=mesh["dp_cp"].get_group())
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from advisor.training import repeated_blocks
 
+    # HSDP: shard within each dp_shard x cp group, replicate across the dp_replicate groups
+    dp_mesh = mesh["hsdp"] if layout.dp_replicate > 1 else mesh["dp_shard_cp"]
     reshard = layout.strategy == Strategy.zero3
     policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)  # autocast casts per op, as in a trial
     for block in repeated_blocks(module):
-        fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(module, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     return module
 
 
@@ -149,7 +196,7 @@ def _empty_like(t: torch.Tensor, device: Any) -> torch.Tensor:
 
 def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dict[str, int], *, device: Any,
                       device_type: str, precision: Precision, optimizer: OptimizerKind, optimizer_impl: str | None,
-                      checkpointing: bool, batch_size: int) -> RankProgram:
+                      checkpointing: Checkpointing, batch_size: int) -> RankProgram:
     """Under pp: this rank's stages built from a meta-device decoder, sharded, scheduled."""
     from advisor.parallel.pipeline import build_stages, make_schedule
     from advisor.presets._util import token_cross_entropy
@@ -168,27 +215,41 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
         _tensor_parallel(stage, layout, mesh)
         materialize(stage, device)
     decoder.init_weights()  # the meta-device layers of other ranks' stages cost nothing
+    shard = context_shard(layout, mesh, arch.seq_len)
     for stage in stages:
+        if shard is not None:
+            from advisor.parallel.context import apply_context_parallel
+
+            apply_context_parallel(stage, shard)
         if checkpointing:
-            apply_activation_checkpointing(stage)
+            apply_activation_checkpointing(stage, checkpointing)
         _data_parallel(stage, layout, mesh, precision)
     dtype = torch.bfloat16 if precision == Precision.bf16_pure else torch.float32
     autocast = precision.autocast_dtype
     schedule = make_schedule(stages, layout, pp_rank=coords["pp"], group=mesh["pp"].get_group(), device=device,
-                             microbatch=batch_size // layout.n_microbatches, seq_len=arch.seq_len, hidden=arch.hidden,
+                             microbatch=batch_size // layout.n_microbatches, seq_len=arch.seq_len // layout.cp,
+                             hidden=arch.hidden,
                              vocab=arch.vocab, tp_shards=layout.tp if layout.sequence_parallel else 1,
                              loss_fn=token_cross_entropy, hidden_dtype=dtype, logits_dtype=autocast or dtype)
     model = nn.ModuleList(stages)
     opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], optimizer_impl)
     first, last = stages[0].first, stages[-1].last
 
-    def step(batch: Any, phase: Callable[[str], None] | None = None, **_: Any) -> None:
+    def step(batch: Any, phase: Callable[[str], None] | None = None, *, loss_scale: float = 1.0,
+             optimizer_step: bool = True, **_: Any) -> None:
+        """The schedule's micro-batches of `batch`, each loss times `loss_scale`; with `optimizer_step` the
+        gradients are reduced and scaled and the optimizer steps, else they accumulate for a later call."""
+        from advisor.parallel.accumulate import pipeline_accumulation
+
         phase = phase or (lambda _name: None)
-        inputs, targets = batch
+        inputs, targets = (shard.shard(t) for t in batch) if shard is not None else batch
         phase("forward")  # forwards and backwards interleave by micro-batch: one phase for both
-        with torch.autocast(device_type, dtype=autocast) if autocast else contextlib.nullcontext():
+        with torch.autocast(device_type, dtype=autocast) if autocast else contextlib.nullcontext(), \
+                pipeline_accumulation(schedule, loss_scale, sync=optimizer_step):
             args = (inputs.contiguous(),) if first else ()  # the stage was declared with contiguous ids
             schedule.step(*args, target=targets if last else None, return_outputs=False)
+        if not optimizer_step:
+            return
         phase("step")
         opt.step()
         opt.zero_grad(set_to_none=True)

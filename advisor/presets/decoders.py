@@ -33,6 +33,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(heads * self.head_dim, hidden, bias=bias)
+        self.context = None  # a ContextShard under context parallel (advisor/parallel/context.py): ring attention
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         b, t, _ = x.shape
@@ -41,6 +42,11 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.context is not None:
+            from advisor.parallel.context import ring_attention
+
+            y = ring_attention(q, k, v, self.context)
+            return self.wo(y.transpose(1, 2).reshape(b, t, -1))
         group = q.shape[1] // k.shape[1]
         if group > 1:  # expand KV to H heads (as Meta's reference and torchtitan do): every SDPA backend takes it
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -85,6 +91,7 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(DecoderBlock(arch) for _ in range(arch.layers))
         self.norm = _norm(arch)
         self.output = nn.Linear(arch.hidden, arch.vocab, bias=False)
+        self.context = None  # a ContextShard under context parallel: idx holds its rank's tokens only
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -103,14 +110,23 @@ class Decoder(nn.Module):
         """Token embeddings of idx (B, T), plus learned positions where the model has them: (B, T, C)."""
         x = self.tok_embeddings(idx)
         if self.pos_embeddings is not None:
-            x = x + self.pos_embeddings(torch.arange(idx.shape[1], device=idx.device))
+            x = x + self.pos_embeddings(self._positions(idx.shape[1], idx.device))
         return x
 
+    def _positions(self, seq_len: int, device: torch.device | str) -> torch.Tensor:
+        """The positions of the `seq_len` tokens this rank holds: 0..seq_len-1, or its context-parallel share."""
+        if self.context is None:
+            return torch.arange(seq_len, device=device)
+        return self.context.positions(device)
+
     def rope(self, seq_len: int, device: torch.device | str) -> Rope:
-        """RoPE (cos, sin) tables for `seq_len` positions, each (T, D) fp32; None with learned positions."""
+        """RoPE (cos, sin) tables for the `seq_len` tokens this rank holds, each (T, D) fp32; None with learned
+        positions."""
         if self.pos_embeddings is not None:
             return None
-        return rope_tables(seq_len, self.arch.hidden // self.arch.heads, self.arch.rope_theta, torch.device(device))
+        device = torch.device(device)
+        where = None if self.context is None else self._positions(seq_len, device)
+        return rope_tables(seq_len, self.arch.hidden // self.arch.heads, self.arch.rope_theta, device, where)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and output projection: (B, T, C) -> logits (B, T, V)."""

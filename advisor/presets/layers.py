@@ -62,14 +62,17 @@ class TransformerBlock(nn.Module):
         return self.ln2(x + self.mlp(x))
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE cos/sin tables, each (T, D), in the rotate-half layout (Su et al. 2021; HF Llama).
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device,
+                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE cos/sin tables, each (T, D), in the rotate-half layout (Su et al. 2021; HF Llama), for positions
+    0..seq_len-1 or the given `positions` (T of them).
 
     Computed per forward rather than stored as a buffer: it costs T x D flops and leaves nothing
     to re-initialise after meta-device or FSDP construction.
     """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, D/2)
+    where = torch.arange(seq_len, device=device) if positions is None else positions
+    angles = torch.outer(where.to(torch.float32), inv_freq)  # (T, D/2)
     angles = torch.cat((angles, angles), dim=-1)  # (T, D)
     return angles.cos(), angles.sin()
 

@@ -21,6 +21,9 @@ def _digest(obj: Any) -> str:
 def config_hash(config: "TrainingConfig") -> str:
     """Every knob, defaults included: two configs hash equally exactly when they set the same knobs."""
     knobs = config.model_dump(mode="json")
+    # checkpointing was a boolean when configurations were first stored: none and full hash as False and True did,
+    # so those hashes stay what they were
+    knobs["checkpointing"] = config.checkpointing.legacy
     # the parallel-layout knobs came after configurations were first stored: left out while at their defaults
     # (every configuration without tp or pp), those hashes stay what they were
     for key, default in LAYOUT_DEFAULTS.items():
@@ -29,8 +32,8 @@ def config_hash(config: "TrainingConfig") -> str:
     return _digest(knobs)
 
 
-LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "pp_schedule": "1f1b", "microbatches": None, "virtual_stages": 1,
-                   "stage_layers": None, "sequence_parallel": True}
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "dp_replicate": 1, "pp_schedule": "1f1b", "microbatches": None,
+                   "micro_batch_size": None, "virtual_stages": 1, "stage_layers": None, "sequence_parallel": True}
 
 
 def hardware_fingerprint(hw: "HardwareSpec") -> str:

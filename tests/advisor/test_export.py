@@ -65,7 +65,8 @@ def _expected_fragments(c: TrainingConfig) -> list[str]:
     if c.fused_backward:
         out.append("register_post_accumulate_grad_hook")
     if c.checkpointing:
-        out.append("checkpoint, block.forward")
+        out.append({"full": "checkpoint, block.forward",
+                    "selective": 'apply_activation_checkpointing(model, "selective")'}[c.checkpointing.value])
     if c.channels_last:
         out.append("memory_format=torch.channels_last")
     if c.nproc > 1:
@@ -79,7 +80,8 @@ def test_the_script_compiles_and_applies_every_knob():
     g8 = get_hardware("h100-sxm:8")
     configs = grid(get_space("default"), SpaceContext(hardware=g8, conv_net=True, device_count=8, default_batch_size=8),
                    limit=100_000)[::211]
-    configs += [TrainingConfig(device="cuda", batch_size=8, precision="bf16-pure", compile_mode="max-autotune",
+    configs += [TrainingConfig(device="cuda", batch_size=8, checkpointing="selective", strategy="zero3", nproc=8),
+                TrainingConfig(device="cuda", batch_size=8, precision="bf16-pure", compile_mode="max-autotune",
                                strategy="zero1", nproc=4, grad_accum=2, optimizer="sgd-momentum",
                                optimizer_impl="fused"),
                 TrainingConfig(batch_size=8, optimizer="rowwise-adagrad", pinning="cpus", cpu_list="0-1,3", threads=2)]
@@ -106,6 +108,13 @@ def test_the_script_trains_the_workload_on_the_cpu(tmp_path):
     config = TrainingConfig(batch_size=16, num_workers=1, prefetch_factor=2, persistent_workers=True, precision="bf16",
                             optimizer_impl="foreach", checkpointing=True, threads=1, grad_accum=2)
     _losses(_run(export(config, WORKLOAD, {}, "python"), tmp_path, 3), 3)
+
+
+def test_a_selective_checkpointing_script_trains_a_decoder(tmp_path):
+    config = TrainingConfig(batch_size=2, checkpointing="selective", threads=1)
+    src = export(config, "tiny-gpt2", {}, "python")
+    assert all(f in src for f in _expected_fragments(config))
+    _losses(_run(src, tmp_path, 2), 2)
 
 
 def test_a_fused_backward_script_trains(tmp_path):
@@ -138,7 +147,7 @@ def test_a_tp_or_pp_config_is_not_exported_as_a_data_parallel_script(fmt):
     config = TrainingConfig(batch_size=8, tp=2, pp=2, nproc=4)
     with pytest.raises(SpecError, match="runs data parallel only") as info:
         export(config, "tiny-decoder", {}, fmt)
-    assert "\n" not in str(info.value) and "tp 2, pp 2" in str(info.value)
+    assert "\n" not in str(info.value) and "tp2 pp2" in str(info.value)
     doc = json.loads(export(config, "tiny-decoder", {}, "json"))  # the JSON holds every knob
     assert TrainingConfig.model_validate(doc["config"]) == config
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from advisor.errors import SpecError
 from advisor.estimate import EstimateRequest
-from advisor.estimate.parallel import estimate_layout
+from advisor.estimate.parallel import LayoutEstimate, estimate_layout
 from advisor.parallel import Layout, PipelineSchedule, layout_problems
 from advisor.parallel.layout import layout_over
 from advisor.parallel.measure import RankMeasureRequest, measure_ranks
@@ -25,6 +26,9 @@ LAYOUTS = [
     Layout(pp=2),
     Layout(pp=2, schedule=PipelineSchedule.interleaved_1f1b, virtual_stages=2),
     Layout(dp=2, tp=2, strategy="zero3"),
+    Layout(dp=4, dp_replicate=2, strategy="zero3"),
+    Layout(cp=2, tp=2, strategy="zero2"),
+    Layout(cp=2, pp=2, strategy="zero2"),
 ]
 
 
@@ -49,6 +53,32 @@ def test_each_rank_estimate_is_what_its_real_program_allocates(layout: Layout) -
         assert {"all_gather", "reduce_scatter"} <= kinds
     if layout.pp > 1:
         assert {"send", "recv"} <= kinds
+    if layout.cp > 1:  # the ring's rotations of keys and values
+        assert "all_to_all" in kinds
+    if layout.dp_replicate > 1:  # HSDP: gradient shards all-reduced across the groups
+        assert "all_reduce" in kinds
+
+
+def test_ring_attention_over_gloo_ranks_is_causal_attention_of_the_whole_sequence() -> None:
+    proc = subprocess.run([sys.executable, "-m", "tests.advisor.ring_ranks"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    errors = [float(x) for x in proc.stdout.split()]
+    assert len(errors) == 2 * 4 and max(errors) < 1e-5, errors  # out, dq, dk, dv on each of 2 ranks, fp32
+
+
+def test_context_parallel_splits_the_activations_and_holds_the_parameters_once_per_dp_rank() -> None:
+    whole = estimate_layout("decoder", "cpu:2", Layout(dp=2, strategy="zero3"), EstimateRequest(batch_size=BATCH),
+                            workload_args=SHAPE).ranks[0]
+    cp = estimate_layout("decoder", "cpu:2", Layout(cp=2, strategy="zero3"), EstimateRequest(batch_size=BATCH),
+                         workload_args=SHAPE).ranks[0]
+    # cp's two ranks shard the parameters as two dp ranks do, and each holds half the tokens of its samples
+    assert cp.breakdown.parameters == whole.breakdown.parameters
+    assert cp.breakdown.optimizer_state == whole.breakdown.optimizer_state
+    assert 0.4 < cp.breakdown.activations / whole.breakdown.activations < 0.6
+    kv = BATCH * (SHAPE["seq_len"] // 2) * SHAPE["kv_heads"] * (SHAPE["hidden"] // SHAPE["heads"]) * 4 * 2
+    # per layer: keys and values once around the ring forward and once backward, their fp32 gradients twice
+    assert cp.comm_bytes["all_to_all"] == SHAPE["layers"] * (2 * kv + 2 * kv)
 
 
 def test_pipeline_stages_differ_as_1f1b_and_gpipe_hold_micro_batches() -> None:
@@ -79,6 +109,8 @@ def test_tensor_parallel_shards_the_parameters() -> None:
     (Layout(pp=8), 8, "at most 4 stages"),
     (Layout(tp=2), 4, "product must equal the device count"),
     (Layout(pp=2, microbatches=3), 2, "does not split into 3 micro-batches"),
+    (Layout(cp=3, strategy="zero2"), 3, "choose seq_len a multiple of 6"),
+    (Layout(cp=2, strategy="zero2"), 4, "dp 1 x cp 2 x tp 1 x pp 1 = 2 ranks, but there are 4 devices"),
 ])
 def test_layout_problems_say_what_is_wrong_and_what_is_allowed(layout: Layout, world: int, problem: str) -> None:
     wl = load_workload("decoder", SHAPE)
@@ -88,6 +120,12 @@ def test_layout_problems_say_what_is_wrong_and_what_is_allowed(layout: Layout, w
 
 def test_pipeline_needs_a_decoder_and_layouts_check_their_own_fields() -> None:
     assert "pp needs a decoder" in layout_problems(Layout(pp=2), world=2, decoder=None, model_name="tiny-mlp")[0]
+    assert "tiny-mlp has none that cp can split" in layout_problems(Layout(cp=2, strategy="zero2"), world=2,
+                                                                    decoder=None, model_name="tiny-mlp")[0]
+    with pytest.raises(ValueError, match="needs a data-parallel strategy"):
+        Layout(cp=2)
+    with pytest.raises(ValueError, match="use strategy zero2 or zero3, not ddp"):
+        Layout(dp=4, dp_replicate=2, strategy="ddp")
     with pytest.raises(ValueError, match="needs virtual_stages >= 2"):
         Layout(pp=2, schedule=PipelineSchedule.interleaved_1f1b)
     with pytest.raises(SpecError, match="does not divide the 6 devices"):
@@ -104,9 +142,46 @@ def test_estimate_cli_prints_each_stage_and_refuses_bad_layouts_in_one_line() ->
     ok = run("-H", "cpu:4", "--tp", "2", "--pp", "2", "-b", "4")
     assert ok.returncode == 0, ok.stderr
     assert "stage 0" in ok.stdout and "stage 1" in ok.stdout and "send per step" in ok.stdout
+    ring = run("-H", "cpu:2", "--cp", "2", "--strategy", "zero3", "-b", "4")
+    assert ring.returncode == 0 and "cp2" in ring.stdout and "all-to-all per step" in ring.stdout, ring.stderr
     for args, says in [(["-H", "cpu:3", "--tp", "3"], "tp 3 does not divide heads 4"),
                        (["-H", "cpu:4", "--pp", "4"], "at most 2 stages"),
-                       (["-H", "cpu:4", "--tp", "3"], "does not divide the 4 devices")]:
+                       (["-H", "cpu:4", "--tp", "3"], "does not divide the 4 devices"),
+                       (["-H", "cpu:3", "--cp", "3", "--strategy", "zero2"], "choose seq_len a multiple of 6"),
+                       (["-H", "cpu:4", "--dp-replicate", "3", "--strategy", "zero3"], "does not divide dp 4")]:
+        bad = run(*args)
+        lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+        assert bad.returncode == 2 and len(lines) == 1 and says in lines[0], bad.stderr
+
+
+def test_an_accumulated_step_of_two_batches_is_one_step_of_both_on_gloo_ranks() -> None:
+    """dp 2 zero3 x pp 2: the pipeline's own reduce-scatter and scaling held back on the first batch, the loss
+    scaled by 1/2, the update equals that of one step over both batches' micro-batches."""
+    proc = subprocess.run([sys.executable, "-m", "tests.advisor.accumulate_ranks"], capture_output=True, text=True,
+                          timeout=180, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    errors, updates = (list(map(float, proc.stdout.split()[i::2])) for i in (0, 1))
+    assert len(errors) == 4 and max(errors) < 1e-5, errors
+    assert min(updates[2:]) > 0  # ranks 2 and 3 hold the last stage, whose every parameter learns
+
+
+def test_estimate_cli_offloads_and_accumulates_on_a_layout() -> None:
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "advisor.cli", "estimate", "-w", "tiny-llama", "-H", "cpu:4",
+                               "-b", "4", *args], capture_output=True, text=True, timeout=300)
+
+    plain = run("--tp", "2", "--strategy", "zero3", "--json")
+    assert plain.returncode == 0, plain.stderr
+    offload = run("--tp", "2", "--strategy", "zero3", "--offload-optimizer", "--offload-params", "--grad-accum", "2",
+                  "--json")
+    assert offload.returncode == 0, offload.stderr
+    before, after = (LayoutEstimate.model_validate_json(p.stdout).ranks[0] for p in (plain, offload))
+    assert after.breakdown.optimizer_state == 0 and after.host_bytes > before.breakdown.optimizer_state
+    assert LayoutEstimate.model_validate_json(offload.stdout).grad_accum == 2
+    table = run("--tp", "2", "--strategy", "zero3", "--offload-optimizer")
+    assert table.returncode == 0 and "host memory (offload)" in table.stdout, table.stderr
+    for args, says in [(["--tp", "2", "--pp", "2", "--offload-params"], "offload_params needs strategy zero3"),
+                       (["--grad-accum", "2"], "--grad-accum applies to a layout estimate")]:
         bad = run(*args)
         lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
         assert bad.returncode == 2 and len(lines) == 1 and says in lines[0], bad.stderr

@@ -78,7 +78,7 @@ def test_record_measured_peak_keys_by_fingerprint_device_and_knobs(tmp_path: Pat
         update={"cpu": host.accelerator.cpu.model_copy(update={"model_name": "Another CPU"})})})
     assert device_key(other_cpu) != p.device
     assert (p.precision, p.optimizer, p.checkpointing, p.compile_mode, p.quantity) == (
-        "bf16", "sgd-momentum", True, "default", "cpu_rss")
+        "bf16", "sgd-momentum", "full", "default", "cpu_rss")
     assert store.points(p.key) == [p]
     gpu = record_measured_peak(wl, get_hardware("h100-sxm:8"), EstimateRequest(batch_size=32, strategy="ddp"), "none",
                                2**30, "cuda_reserved", None, store=store)

@@ -76,6 +76,14 @@ def test_estimate_is_the_library_estimate(seeded, make_client):
     assert got.json()["total_bytes"] == lib.total_bytes and got.json()["max_batch_size"] == lib.max_batch_size
 
 
+def test_estimate_takes_the_checkpointing_modes_and_their_booleans(sqlite_url, make_client):
+    c = make_client(sqlite_url)
+    for sent, mode in ((True, "full"), ("selective", "selective"), (False, "none")):
+        got = c.post("/v1/estimate", json={"workload": "tiny-gpt2", "hardware": "h100-sxm", "checkpointing": sent})
+        assert got.status_code == 200, got.text
+        assert got.json()["request"]["checkpointing"] == mode
+
+
 def test_layout_estimate_is_the_library_estimate(sqlite_url, make_client):
     from advisor.estimate import EstimateRequest
     from advisor.estimate.parallel import estimate_layout
@@ -89,6 +97,10 @@ def test_layout_estimate_is_the_library_estimate(sqlite_url, make_client):
     ranks = got.json()["ranks"]
     assert [r["total_bytes"] for r in ranks] == [r.total_bytes for r in lib.ranks]
     assert [r["ranks"] for r in ranks] == [[0, 1], [2, 3]] and ranks[0]["comm_bytes"]["send"] > 0
+    ring = c.post("/v1/estimate/layout", json={**body, "tp": 1, "pp": 1, "cp": 2, "dp_replicate": 2,
+                                               "strategy": "zero3"})
+    assert ring.status_code == 200, ring.text
+    assert ring.json()["layout"]["cp"] == 2 and ring.json()["ranks"][0]["comm_bytes"]["all_to_all"] > 0
 
 
 def test_recommend_measured_then_estimated_with_prices_and_cache(seeded, make_client):
@@ -168,6 +180,27 @@ def test_workload_allowlist(sqlite_url, make_client, workload, allowed, code):
         assert tune.status_code == 403 and c.get("/v1/jobs").json()["total"] == 0
 
 
+def test_layout_estimate_offloads_and_accumulates_as_the_library_does(sqlite_url, make_client):
+    from advisor.estimate import EstimateRequest
+    from advisor.estimate.parallel import estimate_layout
+    from advisor.parallel import Layout
+
+    c = make_client(sqlite_url)
+    body = {"workload": "tiny-llama", "hardware": "h100-sxm:4", "tp": 2, "strategy": "zero3", "batch_size": 4,
+            "offload_optimizer": True, "offload_params": True, "grad_accum": 2}
+    got = c.post("/v1/estimate/layout", json=body)
+    assert got.status_code == 200, got.text
+    req = EstimateRequest(batch_size=4, strategy="zero3", offload_optimizer=True, offload_params=True)
+    lib = estimate_layout("tiny-llama", "h100-sxm:4", Layout(dp=2, tp=2, strategy="zero3"), req, grad_accum=2)
+    rank = got.json()["ranks"][0]
+    assert (rank["total_bytes"], rank["host_bytes"]) == (lib.ranks[0].total_bytes, lib.ranks[0].host_bytes)
+    assert rank["host_bytes"] > 0 and rank["breakdown"]["optimizer_state"] == 0 and got.json()["grad_accum"] == 2
+    for bad, says in (({"strategy": "zero2"}, "offload_params needs strategy zero3"),
+                      ({"grad_accum": 0}, "grad_accum")):
+        refused = c.post("/v1/estimate/layout", json={**body, **bad})
+        assert refused.status_code == 422 and says in refused.text, refused.text
+
+
 PATHS = re.compile(r"(/work/|/home/|/root/|/tmp/|site-packages|Traceback|File \")")
 
 
@@ -177,6 +210,9 @@ PATHS = re.compile(r"(/work/|/home/|/root/|/tmp/|site-packages|Traceback|File \"
     ("post", "/v1/estimate", {"workload": "no-such-preset", "hardware": "h100-sxm"}, 422),
     ("post", "/v1/estimate", {"workload": "tiny-gpt2", "hardware": "h100-sxm", "precision": "fp8"}, 422),
     ("post", "/v1/estimate", {"workload": "tiny-gpt2", "hardware": "h100-sxm", "bogus": 1}, 422),
+    ("post", "/v1/estimate", {"workload": "tiny-gpt2", "hardware": "h100-sxm", "checkpointing": "partial"}, 422),
+    ("post", "/v1/estimate/layout", {"workload": "tiny-llama", "hardware": "h100-sxm:2", "tp": 2,
+                                     "checkpointing": "partial"}, 422),
     ("post", "/v1/estimate", {"workload": "tiny-gpt2", "workload_args": {"no_such_arg": 1}, "hardware": "h100-sxm"},
      422),
     ("post", "/v1/estimate/layout", {"workload": "tiny-llama", "hardware": "h100-sxm:4", "tp": 3}, 422),
@@ -184,6 +220,10 @@ PATHS = re.compile(r"(/work/|/home/|/root/|/tmp/|site-packages|Traceback|File \"
     ("post", "/v1/estimate/layout", {"workload": "tiny-llama", "hardware": "h100-sxm:4", "pp": 4}, 422),
     ("post", "/v1/estimate/layout", {"workload": "tiny-mlp", "hardware": "h100-sxm:2", "pp": 2}, 422),
     ("post", "/v1/estimate/layout", {"workload": "tiny-llama", "hardware": "h100-sxm:4", "tp": 2}, 422),
+    ("post", "/v1/estimate/layout", {"workload": "tiny-mlp", "hardware": "h100-sxm:2", "cp": 2, "strategy": "zero2"},
+     422),
+    ("post", "/v1/estimate/layout", {"workload": "tiny-llama", "hardware": "h100-sxm:4", "dp_replicate": 3,
+                                     "strategy": "zero3"}, 422),
     ("post", "/v1/recommend", {"workload": "tiny-gpt2", "hardware": []}, 422),
     ("post", "/v1/recommend", {"workload": "tiny-gpt2", "hardware": ["l4"], "prices": {"h100-sxm": 1}}, 422),
     ("post", "/v1/recommend", {"workload": "tiny-gpt2", "hardware": ["l4"], "prices": {"l4": -1}}, 422),

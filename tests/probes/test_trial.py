@@ -227,6 +227,15 @@ def test_data_parallel_trial_runs_two_gloo_ranks_that_agree(strategy):
     assert single.rank_digests == []  # digests are taken where ranks must agree
 
 
+@pytest.mark.parametrize("strategy, nproc", [("single", 1), ("ddp", 2), ("zero3", 2)])
+def test_selective_checkpointing_trains_a_decoder_and_is_recorded(strategy, nproc):
+    r = run_trial("tiny-gpt2", {"batch_size": 2, "strategy": strategy, "nproc": nproc, "checkpointing": "selective"},
+                  hardware="cpu", budget=QUICK, estimate=nproc == 1)
+    assert r.status == TrialStatus.ok, r.error
+    assert r.config.checkpointing.value == "selective"
+    assert nproc == 1 and r.predicted_memory_bytes or r.rank_digests[0] == r.rank_digests[1]
+
+
 def test_a_strategy_that_cannot_run_is_invalid():
     r = run_trial("tiny-mlp", {"strategy": "zero2", "nproc": 2, "optimizer": "sgd", "optimizer_impl": "fused"},
                   hardware="cpu", estimate=False)

@@ -17,16 +17,17 @@ def violations(c: TrainingConfig, ctx: SpaceContext) -> list[str]:
         out.append("prefetch/persistent without workers")
     if c.strategy.value != "single" and (ctx.device_count < 2 or c.nproc != ctx.device_count):
         out.append(f"{c.strategy.value} with nproc {c.nproc} on {ctx.device_count} devices")
-    parallel = c.tp * c.pp > 1
+    parallel = c.tp * c.pp * c.cp > 1
     if c.strategy.value == "single" and c.nproc != 1 and not parallel:
         out.append("single with several processes")
     if parallel and ctx.decoder is None:
-        out.append(f"tp {c.tp} x pp {c.pp} for a workload that is not a decoder")
+        out.append(f"tp {c.tp} x pp {c.pp} x cp {c.cp} for a workload that is not a decoder")
     if parallel and c.nproc != ctx.device_count:
-        out.append(f"tp {c.tp} x pp {c.pp} on {c.nproc} of {ctx.device_count} devices")
+        out.append(f"tp {c.tp} x pp {c.pp} x cp {c.cp} on {c.nproc} of {ctx.device_count} devices")
     if parallel and ctx.decoder is not None:
         out += layout_problems(c.layout(), world=ctx.device_count, decoder=ctx.decoder, batch_size=c.batch_size)
-    if c.pp == 1 and (c.pp_schedule.value != "1f1b" or c.microbatches is not None or c.virtual_stages != 1):
+    if c.pp == 1 and (c.pp_schedule.value != "1f1b" or c.microbatches is not None or c.virtual_stages != 1
+                      or c.micro_batch_size is not None):
         out.append("pipeline knobs without pp")
     if ctx.device == "cpu" and (c.precision.value in ("fp16", "tf32") or c.pin_memory
                                 or c.compile_mode in (CompileMode.reduce_overhead, CompileMode.max_autotune)):
@@ -37,7 +38,7 @@ def violations(c: TrainingConfig, ctx: SpaceContext) -> list[str]:
         out.append("channels_last on a net without convolutions")
     if c.fused_backward and (c.strategy.value != "single" or c.grad_accum != 1):
         out.append("fused_backward with accumulation or data parallelism")
-    g, dp = ctx.global_batch_size, c.nproc // (c.tp * c.pp)  # tp and pp ranks of a replica share its samples
+    g, dp = ctx.global_batch_size, c.nproc // (c.tp * c.pp * c.cp)  # a replica's tp, pp and cp ranks share its samples
     if g is not None and c.batch_size * c.grad_accum * dp != g:
         out.append(f"{c.batch_size} x {c.grad_accum} x {dp} replicas != global batch {g}")
     return out

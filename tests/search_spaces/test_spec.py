@@ -8,6 +8,7 @@ import pytest
 
 from advisor.errors import SpecError
 from search_spaces import SPACES, Choices, Fixed, IntRange, apply_fixes, get_space, grid, load_space, parse_fixes
+from search_spaces.sample import Plan
 from search_spaces.spec import KNOBS
 
 
@@ -81,6 +82,21 @@ def test_values_are_normalized_to_plain_form(tmp_path):
                                         "  optimizer_impl: {choices: [null, fused]}\n"))
     assert space.knobs["compile_mode"] == Choices(choices=["none", "max-autotune"])
     assert space.knobs["optimizer_impl"] == Choices(choices=[None, "fused"])
+
+
+def test_checkpointing_takes_its_modes_and_the_booleans(tmp_path, cpu_ctx):
+    space = load_space(_write(tmp_path, "name: x\nknobs:\n  checkpointing: {choices: [false, selective, true]}\n"
+                                        "  channels_last: {choices: [false, true]}\nconditions:\n"
+                                        "  - {knob: channels_last, when: {checkpointing: true}}\n"))
+    assert space.knobs["checkpointing"] == Choices(choices=["none", "selective", "full"])
+    configs = grid(space, cpu_ctx)
+    assert sorted((c.checkpointing.value, c.channels_last) for c in configs) == [  # `when: true` tests full
+        ("full", False), ("full", True), ("none", False), ("selective", False)]
+    fixed = apply_fixes(space, parse_fixes(["checkpointing=true"]))
+    assert {c.checkpointing.value for c in grid(fixed, cpu_ctx)} == {"full"}
+    assert Plan(get_space("exhaustive"), cpu_ctx).domain("checkpointing").values == ("none", "selective", "full")
+    with pytest.raises(SpecError, match="partial.*allowed: none, selective, full"):
+        apply_fixes(space, {"checkpointing": "partial"})
 
 
 def test_parse_fixes_reads_yaml_scalars():

@@ -53,3 +53,46 @@ def test_database_url_default_and_postgres_spelling(tmp_path, monkeypatch):
     assert resolve_url("postgresql+psycopg://u@db/a") == "postgresql+psycopg://u@db/a"
     with pytest.raises(StoreError, match="not supported"):
         resolve_url("mysql://u@db/advisor")
+
+
+def _boolean_knob_hash(config: TrainingConfig, checkpointing: bool) -> str:
+    """config_hash as it was when checkpointing was a boolean: every knob in canonical JSON, the layout knobs left
+    out at their defaults, checkpointing as `checkpointing`."""
+    import hashlib
+    import json
+
+    from advisor.store.fingerprints import LAYOUT_DEFAULTS
+
+    knobs = {**config.model_dump(mode="json"), "checkpointing": checkpointing}
+    knobs = {k: v for k, v in knobs.items() if k not in LAYOUT_DEFAULTS or v != LAYOUT_DEFAULTS[k]}
+    return hashlib.sha256(json.dumps(knobs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def test_checkpointing_none_and_full_hash_as_the_booleans_did():
+    full = TrainingConfig(batch_size=32, precision="bf16", strategy="ddp", nproc=2, checkpointing="full")
+    none = TrainingConfig()
+    assert config_hash(full) == _boolean_knob_hash(full, True)
+    assert config_hash(none) == _boolean_knob_hash(none, False)
+    # the hashes trials were stored under with the boolean knob
+    assert config_hash(none) == "cc152f5a40696af8c16fcc84c7c708f34eb1c7cd4bd1bdfe866d1637b4281c62"
+    assert config_hash(TrainingConfig(checkpointing=True)) == \
+        "0c113354d3b0748550e7c264c67111ca3510d6d12e480f779a2e2b79beb6e77a"
+    assert config_hash(full) == "8b162ba510f107423fc630f7f998f141eb5975689d3c496104949a364fc7e344"
+    selective = TrainingConfig(checkpointing="selective")
+    assert len({config_hash(selective), config_hash(none), config_hash(TrainingConfig(checkpointing=True))}) == 3
+
+
+def test_measured_peaks_keep_their_keys_under_the_modes():
+    import json
+
+    from advisor.estimate import EstimateRequest
+    from advisor.peaks import PeakPoint, request_key
+
+    cpu = get_hardware("cpu:1")
+    for mode, stored in (("none", False), ("full", True)):
+        key = request_key("f" * 32, cpu, EstimateRequest(batch_size=2, checkpointing=mode), "none", "cpu_rss")
+        assert f"|checkpointing={stored}|" in key
+        line = {"fingerprint": "f" * 32, "device": "cpu", "world_size": 1, "precision": "fp32", "optimizer": "adamw",
+                "strategy": "single", "checkpointing": stored, "fused_backward": False, "quantity": "cpu_rss",
+                "batch_size": 2, "peak_bytes": 1}  # a point written with the boolean knob
+        assert PeakPoint.model_validate_json(json.dumps(line)).key == key

@@ -1,0 +1,82 @@
+"""Gradient accumulation in a rank's program: a step's micro-steps add into the same gradients, and the
+data-parallel reduction waits for the last of them (DDP's no_sync, FSDP2's requires_gradient_sync). A pipeline
+schedule reduces and scales its stages' gradients at the end of every schedule.step(); on the other micro-steps
+that is held back here, so the last one reduces and scales the sum."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+
+@contextmanager
+def gradient_sync(model: Any, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce on non-final micro-batches (DDP no_sync, FSDP2's switch)."""
+    inner = getattr(model, "_orig_mod", model)  # under torch.compile
+    if enabled:
+        yield
+    elif hasattr(inner, "no_sync"):
+        with inner.no_sync():
+            yield
+    elif hasattr(inner, "set_requires_gradient_sync"):
+        inner.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            inner.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+@contextmanager
+def pipeline_accumulation(schedule: Any, loss_scale: float, sync: bool) -> Iterator[None]:
+    """Around one `schedule.step()` (torch.distributed.pipelining): every micro-batch's loss times `loss_scale`;
+    without `sync`, each stage's end-of-step reduction keeps its gradients (`_held_reduction`). With loss_scale
+    1 and sync it changes nothing."""
+    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+    loss_fn = schedule._loss_fn
+    if loss_scale != 1.0:
+        schedule._loss_fn = lambda output, target, **kw: loss_fn(output, target, **kw) * loss_scale
+    if not sync:
+        for stage in stages:
+            stage.perform_reduce_grad = _held_reduction(stage)
+    try:
+        yield
+    finally:
+        schedule._loss_fn = loss_fn
+        for stage in stages:
+            stage.__dict__.pop("perform_reduce_grad", None)  # the class's method again
+
+
+def _held_reduction(stage: Any) -> Any:
+    """`stage.perform_reduce_grad` for a micro-step that does not step the optimizer: an FSDP2 stage runs it with
+    its gradient sync off, so its units accumulate their unsharded gradients and reshard their parameters, as
+    the schedule leaves them between steps; nothing is scaled (the last micro-step scales the sum by the
+    micro-batch count). A stage without FSDP has nothing to reduce."""
+    from torch.distributed.fsdp import FSDPModule
+
+    reduce = type(stage).perform_reduce_grad
+
+    def held(_grad_scale_factor: int) -> None:
+        module = stage.submod
+        if not isinstance(module, FSDPModule):
+            return
+        sync = module.set_requires_gradient_sync
+        module.set_requires_gradient_sync = lambda _requires, **kw: sync(False, **kw)
+        try:
+            reduce(stage, 1)
+        finally:
+            del module.set_requires_gradient_sync
+
+    return held
+
+
+def accumulated_steps(grad_accum: int) -> list[dict[str, Any]]:
+    """The keyword arguments of a program's `step` for each micro-step that stands for one optimizer step of
+    `grad_accum` batches: one plain step, or a micro-step that only accumulates and the last, which steps. The
+    micro-steps between them do what the first does, the gradients already held as at the last: the peak falls
+    on the last, and each middle one's collectives are the first's."""
+    if grad_accum == 1:
+        return [{}]
+    scale = 1.0 / grad_accum
+    return [{"loss_scale": scale, "optimizer_step": False}, {"loss_scale": scale, "optimizer_step": True}]
