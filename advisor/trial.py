@@ -66,7 +66,7 @@ class TrainingConfig(BaseModel):
     channels_last: bool = Field(default=False, description="NHWC memory format for the model and 4-D inputs.")
     strategy: Strategy = Field(
         default=Strategy.single, description="single, ddp, zero1 (DDP + sharded optimizer), zero2/zero3 (FSDP2).")
-    nproc: int = Field(default=1, ge=1, description="Processes (one per device): dp x tp x pp.")
+    nproc: int = Field(default=1, ge=1, description="Processes (one per device): dp x cp x tp x pp.")
     tp: int = Field(default=1, ge=1, description="Tensor-parallel ranks: each layer's heads and FFN split across them.")
     pp: int = Field(default=1, ge=1, description="Pipeline ranks: the layers cut into consecutive stages.")
     cp: int = Field(default=1, ge=1, description="Context-parallel ranks: each sequence split across them, attention's "
@@ -98,7 +98,7 @@ class TrainingConfig(BaseModel):
         return self
 
     def layout(self) -> Layout:
-        """How the nproc ranks split the work: dp = nproc / (tp x pp) replicas held by `strategy`, tp, pp."""
+        """How the nproc ranks split the work: dp = nproc / (tp x pp x cp) replicas held by `strategy`, tp, pp, cp."""
         return Layout(**_layout_fields(self))
 
     def changes(self) -> dict[str, Any]:
@@ -171,7 +171,7 @@ def _structural_problems(c: TrainingConfig) -> list[str]:
 
 
 def _parallel_problems(c: TrainingConfig) -> list[str]:
-    """With tp or pp > 1: the mesh, the layout's own rules, and the knobs a tp/pp rank program does not run."""
+    """With tp, pp or cp > 1, or HSDP: the mesh, the layout's own rules, and the knobs a rank program does not run."""
     ranks = model_ranks(c)
     if c.nproc % ranks:
         return [f"nproc {c.nproc} is not a multiple of tp x pp x cp = {ranks}; give nproc = dp x {ranks} "

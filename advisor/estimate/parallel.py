@@ -104,7 +104,7 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
     a model that is not a decoder), EstimateError where it cannot be traced."""
     from advisor.estimate.estimator import _local_cpu, _margin, _resolve
     from advisor.estimate.model import EstimateOptions
-    from advisor.estimate.offload import host_bytes, offload_problem, on_device
+    from advisor.estimate.offload import host_bytes, offload_problem, offloads, on_device
     from advisor.estimate.rank_trace import trace_rank
     from advisor.estimate.strategy import peak_breakdown
 
@@ -155,7 +155,7 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
         notes.append("NCCL's communicator buffers are not counted")
     if method == "analytic":
         notes.append("analytic: per-layer decoder formulas (Korthikanti et al. 2022) at the schedule's moments")
-    if req.offload_optimizer or req.offload_params:
+    if offloads(req):
         notes.append("offload: the optimizer state and step on the host" + (", and the parameter shards and reduced "
                      "gradients" if req.offload_params else "") + "; host_bytes: each rank's host memory")
     return LayoutEstimate(workload=wl.name, hardware=hw.accelerator.name, layout=layout, request=req, method=method,
@@ -171,7 +171,7 @@ def layout_method(wl: Any, layout: Layout, method: str) -> Literal["traced", "an
     tensor-parallel rank, params / (tp x pp), exceed settings.trace_param_limit / 8, traced otherwise: the limit
     bounds one device's trace, and a rank's costs more per parameter (DTensor and the schedule add work to every
     op) and runs once per pipeline rank. SpecError for "analytic" without a decoder."""
-    if layout.strategy == Strategy.ddp and layout.dp * layout.cp > 1:
+    if layout.strategy == Strategy.ddp and layout.grad_ranks > 1:
         # DDP's reducer reads its gradients' memory as it is built: a fake tensor has none to read
         if method == "traced" or wl.decoder is None:
             raise SpecError("a layout with ddp replicas cannot be traced (DDP reads its gradients' memory as it is "

@@ -31,21 +31,30 @@ def gradient_sync(model: Any, enabled: bool) -> Iterator[None]:
 @contextmanager
 def pipeline_accumulation(schedule: Any, loss_scale: float, sync: bool) -> Iterator[None]:
     """Around one `schedule.step()` (torch.distributed.pipelining): every micro-batch's loss times `loss_scale`;
-    without `sync`, each stage's end-of-step reduction keeps its gradients (`_held_reduction`). With loss_scale
-    1 and sync it changes nothing."""
+    without `sync`, each stage's end-of-step reduction keeps its gradients (`_held_reduction`), and a DDP stage
+    runs its module bare (the schedule all-reduces a DDP stage's last backward whatever no_sync says; the module
+    shares its parameters, so their gradients accumulate for the last micro-step's all-reduce). With loss_scale 1
+    and sync it changes nothing."""
+    from torch.nn.parallel import DistributedDataParallel
+
     stages = getattr(schedule, "_stages", None) or [schedule._stage]
     loss_fn = schedule._loss_fn
+    wrapped = {}
     if loss_scale != 1.0:
         schedule._loss_fn = lambda output, target, **kw: loss_fn(output, target, **kw) * loss_scale
     if not sync:
         for stage in stages:
             stage.perform_reduce_grad = _held_reduction(stage)
+            if isinstance(stage.submod, DistributedDataParallel):
+                wrapped[stage], stage.submod = stage.submod, stage.submod.module
     try:
         yield
     finally:
         schedule._loss_fn = loss_fn
         for stage in stages:
             stage.__dict__.pop("perform_reduce_grad", None)  # the class's method again
+        for stage, ddp in wrapped.items():
+            stage.submod = ddp
 
 
 def _held_reduction(stage: Any) -> Any:

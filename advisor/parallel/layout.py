@@ -125,7 +125,7 @@ class Layout(BaseModel):
 def structural_problems(lay: Layout) -> list[str]:
     """What is wrong with the layout on its own (no model, no devices): one line each."""
     out = []
-    reducing = lay.dp * lay.cp  # ranks that hold the same parameters and average their gradients
+    reducing = lay.grad_ranks
     if reducing == 1 and lay.strategy != Strategy.single:
         out.append(f"strategy {lay.strategy.value} shards over data-parallel ranks, but dp is 1; "
                    "use strategy single, or more processes than tp x pp")

@@ -23,7 +23,8 @@ class DecoderStage(nn.Module):
     def __init__(self, decoder: Any, lo: int, hi: int, *, first: bool, last: bool) -> None:
         super().__init__()
         self.first, self.last = first, last
-        self.tokens_per_shard = 1  # tp under sequence parallel: each rank's hidden states hold tokens / tp
+        self.tokens_per_shard = 1  # tp under sequence parallel: each rank's hidden states hold tokens / tp (set
+        # before a data-parallel wrapper hides the stage's attributes)
         if first:
             self.tok_embeddings = decoder.tok_embeddings
             self.pos_embeddings = decoder.pos_embeddings
@@ -54,14 +55,18 @@ def build_stages(decoder: Any, layout: Layout, pp_rank: int) -> list[DecoderStag
     for n in layout.split(len(decoder.blocks)):
         bounds.append(bounds[-1] + n)
     last = layout.stages - 1
-    return [DecoderStage(decoder, bounds[s], bounds[s + 1], first=s == 0, last=s == last)
-            for s in stage_ids(layout, pp_rank)]
+    stages = [DecoderStage(decoder, bounds[s], bounds[s + 1], first=s == 0, last=s == last)
+              for s in stage_ids(layout, pp_rank)]
+    for stage in stages:
+        stage.tokens_per_shard = layout.tp if layout.tp > 1 and layout.sequence_parallel else 1
+    return stages
 
 
 def make_schedule(stages: list[nn.Module], layout: Layout, *, pp_rank: int, group: Any, device: Any,
                   microbatch: int, seq_len: int, hidden: int, vocab: int, tp_shards: int, loss_fn: Any,
                   hidden_dtype: Any, logits_dtype: Any) -> Any:
-    """The schedule that runs `stages` (this rank's) with the other ranks of the pipeline `group`.
+    """The schedule that runs `stages` (this rank's, each a DecoderStage or its data-parallel wrapper) with the
+    other ranks of the pipeline `group`.
 
     Stage inputs and outputs are given by shape, so no rank infers them from a run: micro-batch x seq_len token
     ids into the first stage, micro-batch x seq_len / tp_shards x hidden states between stages, logits out of the
@@ -74,7 +79,6 @@ def make_schedule(stages: list[nn.Module], layout: Layout, *, pp_rank: int, grou
     logits = torch.empty(microbatch, seq_len, vocab, dtype=logits_dtype, device=device)
     pipe = []
     for module, s in zip(stages, stage_ids(layout, pp_rank)):
-        module.tokens_per_shard = tp_shards
         # a later stage's received hidden states need gradients, which backward sends to the stage before
         inp = ids if s == 0 else hidden_state.detach().requires_grad_()
         out = logits if s == layout.stages - 1 else hidden_state

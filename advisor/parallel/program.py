@@ -151,7 +151,7 @@ def _data_parallel(module: nn.Module, layout: Layout, mesh: Any, precision: Prec
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     if precision == Precision.bf16_pure:
         module.to(torch.bfloat16)  # FSDP2 and DDP size their buffers from the dtype at wrap time
-    if layout.dp * layout.cp == 1:
+    if layout.grad_ranks == 1:
         return module
     if layout.strategy == Strategy.ddp:
         from torch.nn.parallel import DistributedDataParallel
@@ -216,6 +216,7 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
         materialize(stage, device)
     decoder.init_weights()  # the meta-device layers of other ranks' stages cost nothing
     shard = context_shard(layout, mesh, arch.seq_len)
+    scheduled = []  # each stage as the schedule runs it: itself under FSDP2 (in place), its DDP wrapper
     for stage in stages:
         if shard is not None:
             from advisor.parallel.context import apply_context_parallel
@@ -223,10 +224,10 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
             apply_context_parallel(stage, shard)
         if checkpointing:
             apply_activation_checkpointing(stage, checkpointing)
-        _data_parallel(stage, layout, mesh, precision)
+        scheduled.append(_data_parallel(stage, layout, mesh, precision))
     dtype = torch.bfloat16 if precision == Precision.bf16_pure else torch.float32
     autocast = precision.autocast_dtype
-    schedule = make_schedule(stages, layout, pp_rank=coords["pp"], group=mesh["pp"].get_group(), device=device,
+    schedule = make_schedule(scheduled, layout, pp_rank=coords["pp"], group=mesh["pp"].get_group(), device=device,
                              microbatch=batch_size // layout.n_microbatches, seq_len=arch.seq_len // layout.cp,
                              hidden=arch.hidden,
                              vocab=arch.vocab, tp_shards=layout.tp if layout.sequence_parallel else 1,

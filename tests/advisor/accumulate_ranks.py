@@ -5,11 +5,7 @@ update. Run by tests/advisor/test_layouts.py."""
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 SHAPE = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 256, "seq_len": 32}
 
@@ -34,12 +30,10 @@ def _update(workload, layout, rank: int, batch, grad_accum: int) -> dict[str, to
     return {n: before[n] - p for n, p in whole().items()}
 
 
-def _rank(rank: int, world: int, port: int, out: str) -> None:
+def updates(rank: int, world: int) -> str:
     from advisor.parallel.layout import Layout
     from advisor.workload import load_workload
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     workload = load_workload("decoder", SHAPE)
     one, two = Layout(dp=2, pp=2, strategy="zero3", microbatches=4), Layout(dp=2, pp=2, strategy="zero3")
     torch.manual_seed(10 + one.coords(rank)["dp"])  # each replica its own samples
@@ -47,18 +41,10 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     a, b = _update(workload, one, rank, batch, 1), _update(workload, two, rank, batch, 2)
     largest = max(float(a[n].abs().max()) for n in a)
     error = max(float((a[n] - b[n]).abs().max()) for n in a) / max(largest, 1e-30)
-    dist.barrier()
-    dist.destroy_process_group()
-    with open(f"{out}.{rank}", "w") as f:
-        f.write(f"{error} {largest}")
+    return f"{error} {largest}"
 
 
 if __name__ == "__main__":
-    import tempfile
+    from tests.advisor.gloo_ranks import run_ranks
 
-    from advisor.parallel.measure import free_port
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "errors")
-        mp.spawn(_rank, args=(4, free_port(), path), nprocs=4)
-        print(" ".join(open(f"{path}.{r}").read() for r in range(4)))
+    print(" ".join(run_ranks(updates, 4)))

@@ -162,7 +162,7 @@ def test_an_accumulated_step_of_two_batches_is_one_step_of_both_on_gloo_ranks() 
     assert proc.returncode == 0, proc.stderr[-2000:]
     errors, updates = (list(map(float, proc.stdout.split()[i::2])) for i in (0, 1))
     assert len(errors) == 4 and max(errors) < 1e-5, errors
-    assert min(updates[2:]) > 0  # ranks 2 and 3 hold the last stage, whose every parameter learns
+    assert min(updates) > 0  # every stage learns: each later stage sends its input's gradient back
 
 
 def test_estimate_cli_offloads_and_accumulates_on_a_layout() -> None:

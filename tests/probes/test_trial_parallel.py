@@ -93,6 +93,15 @@ def test_a_context_parallel_trial_passes_keys_and_values_around_the_ring_as_esti
         assert f.predicted_total_bytes > 0
 
 
+def test_ddp_replicas_of_a_pipeline_all_reduce_their_stages_gradients_once_a_step():
+    r = run_trial("tiny-llama", {"nproc": 4, "pp": 2, "strategy": "ddp", "batch_size": 4, "grad_accum": 2},
+                  hardware="cpu", budget=QUICK)
+    assert r.status == TrialStatus.ok, r.error
+    for f in r.ranks:
+        # every gradient of the rank's stage all-reduced once per optimizer step, not once per accumulated batch
+        assert f.comm_bytes["all_reduce"] == f.predicted_comm_bytes["all_reduce"] > 0
+
+
 def test_an_hsdp_trial_shards_within_groups_and_all_reduces_across_them():
     r = run_trial("tiny-llama", {"nproc": 4, "dp_replicate": 2, "strategy": "zero3", "batch_size": 2}, hardware="cpu",
                   budget=QUICK)
