@@ -4,7 +4,8 @@
     .venv/bin/python bench/parallel_accuracy.py [--cases all|quick] [--runs 3] \
         [--out bench/results/parallel-accuracy.json]
 
-Per case (a workload and a layout: tp 2 and 4, pp 2 and 4, zero3 x tp 2 x 2, tp x pp 2 x 2), the estimator's
+Per case (a workload and a layout: tp 2 and 4, pp 2 and 4, zero3 x tp 2 x 2, tp x pp 2 x 2; for decoders also
+cp 2 under zero3, tp 2 x cp 2 under zero2, and HSDP 2 groups x 2 under zero3), the estimator's
 per-rank figures (advisor.estimate.parallel.estimate_layout, traced under a fake process group) beside every rank
 measured on real ranks (advisor.parallel.measure):
 - `alloc`, --runs times: the profiler's live tensor bytes from before the build (the issue's measure). On gloo a
@@ -62,6 +63,8 @@ MLP = ("mlp", {"in_features": 512, "hidden": 1024, "layers": 4, "classes": 10})
 LAYOUTS = {
     "tp2": {"tp": 2}, "tp4": {"tp": 4}, "pp2": {"pp": 2}, "pp4": {"pp": 4},
     "zero3-tp2x2": {"dp": 2, "tp": 2, "strategy": "zero3"}, "tp2-pp2": {"tp": 2, "pp": 2},
+    "zero3-cp2": {"cp": 2, "strategy": "zero3"}, "zero2-tp2-cp2": {"tp": 2, "cp": 2, "strategy": "zero2"},
+    "hsdp2x2-zero3": {"dp": 4, "dp_replicate": 2, "strategy": "zero3"},
 }
 BATCH = 8
 
