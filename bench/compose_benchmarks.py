@@ -390,8 +390,9 @@ def md_sections() -> list[str]:
          "`advisor serve` in its own process. The answers come from a cache in front of the app keyed by the "
          "request's bytes (`api/fastpath.py`), checked against the store's best-generation."),
         ("Parallel layouts on gloo", "parallel-accuracy", None,
-         "Each rank's estimate of a layout dp x tp x pp (`advisor.estimate.parallel.estimate_layout`: one rank of each "
-         "pipeline stage traced under a fake process group) against the same rank run for real on gloo ranks on "
+         "Each rank's estimate of a layout dp x cp x tp x pp, HSDP included "
+         "(`advisor.estimate.parallel.estimate_layout`: one rank of each pipeline stage traced under a fake process "
+         "group) against the same rank run for real on gloo ranks on "
          "this CPU: its live-tensor peak from the profiler (the lowest of the runs, and their spread), the same "
          "program alone in a process group whose collectives return at once (its own tensor lifetimes), and the "
          "payload bytes of its collectives by kind. Decoder shapes Llama-like, GPT-like and wide MHA, and an MLP."),
