@@ -132,8 +132,20 @@ def glance_rows() -> list[list[str]]:
                          m["started"][:10]])
     rows += _held_out_glance() + [_largest_glance(), _speed_glance()]
     rows += [_cuda_glance(stem, gpu) for stem, gpu in (("accuracy-cuda", "H100"), ("accuracy-cuda-h200", "H200"))]
-    rows += [_calibration_glance()] + _md_glance() + [_isolation_glance(), _parallel_glance()]
+    rows += [_calibration_glance()] + _md_glance() + [_isolation_glance(), _parallel_glance(), _plan_glance()]
     return rows
+
+
+def _plan_glance() -> list[str]:
+    res = _load("plan-accuracy")
+    m, a, held = res["meta"], res["all"], res["check_half"]
+    met = a["median_abs_error"] <= 0.10 and a["max_abs_error"] <= 0.25 and min(a["spearman"].values()) >= 0.8
+    return ["[Planner step time](#planner-step-time): predicted vs published step time, dense BF16 H100 runs",
+            f"{_apct(a['median_abs_error'])} / {_apct(a['max_abs_error'])} (held-out half: "
+            f"{_apct(held['median_abs_error'])} / {_apct(held['max_abs_error'])}); Spearman ≥ "
+            f"{min(a['spearman'].values()):.2f}", "≤ 10% / ≤ 25%; ≥ 0.8", _yes(met),
+            f"6ND rule: {_apct(a['rule_median_abs_error'])} / {_apct(a['rule_max_abs_error'])}",
+            "no device (a model against published runs)", f"`{m['commit']}`", m["date"]]
 
 
 def _parallel_glance() -> list[str]:
@@ -396,6 +408,12 @@ def md_sections() -> list[str]:
          "this CPU: its live-tensor peak from the profiler (the lowest of the runs, and their spread), the same "
          "program alone in a process group whose collectives return at once (its own tensor lifetimes), and the "
          "payload bytes of its collectives by kind. Decoder shapes Llama-like, GPT-like and wide MHA, and an MLP."),
+        ("Planner step time", "plan-accuracy", None,
+         "The planner's step time (`advisor.plan.steptime.predict_step`, docs/planner.md) for every dense BF16 H100 "
+         "training run NVIDIA published with its configuration (DGX Cloud benchmark recipes, the NeMo AutoModel "
+         "performance summary), each predicted from that configuration, against the published step time, beside "
+         "the usual rule (6 x parameters x tokens at half the peak). The compute efficiencies are fitted on every "
+         "other row and checked on the rest."),
         ("Cost of isolation", "isolation-latency", None,
          "What running a named workload's estimate in an isolated worker (`advisor.isolation.estimate`, the path of "
          "the CLI, the trial runner, the tuner and the API) costs beside `estimate_memory` in the caller's process, "

@@ -3,7 +3,8 @@
 Spec strings:
 
 - `NAME`: one device of catalog entry NAME (e.g. `h100-sxm`), one node.
-- `NAME:N`: N devices per node; `NAME:NxM`: N devices per node on M nodes.
+- `NAME:N`: N devices per node; `NAME:NxM`: N devices per node on M nodes. Global ranks fill a
+  node first; `HardwareSpec.link_for(group_size, stride)` says which link bounds a process group.
 - `local`: this machine, probed. With NVIDIA GPUs visible to CUDA: their catalog entry (matched
   by product name) with the probed memory, one device per visible GPU. Without: this machine's
   CPU (see `cpu`).
@@ -22,13 +23,14 @@ from advisor.errors import ProbeError, SpecError
 from advisor.hardware.catalog import CATALOG, catalog_key_for_gpu
 from advisor.hardware.cpupeak import cpu_peak_note
 from advisor.hardware.probe import LocalProbe, probe_local
-from advisor.hardware.spec import Accelerator, HardwareSpec
+from advisor.hardware.spec import Accelerator, HardwareSpec, Link
 from advisor.hardware.sysinfo import HostInfo, probe_host
 
 __all__ = [
     "CATALOG",
     "Accelerator",
     "HardwareSpec",
+    "Link",
     "LocalProbe",
     "get_hardware",
     "hardware_from_host",

@@ -15,6 +15,12 @@ Conventions, the same for every entry:
   is left out and its `supports_*` flag is False.
 - `memory_bandwidth_gbps`, `interconnect_gbps`: GB/s = 1e9 bytes/s as vendors print them;
   interconnect figures are per device, bidirectional (both directions summed).
+- Communication figures (alpha-beta: time = latency + bytes / bandwidth) are one-way, per device:
+  `intra_node_gbps` is half the bidirectional NVLink/xGMI figure, or one direction of the PCIe x16
+  link (a 2-card NVLink bridge is not assumed: groups past two cards still cross PCIe);
+  `inter_node_gbps` is the reference node's scale-out NICs over its `devices_per_node` devices.
+  Latencies are NCCL's per-step hwLat for the ring algorithm, Simple protocol (the one large,
+  bandwidth-bound transfers use), from NCCL's tuning model (see NCCL_* below).
 """
 
 from __future__ import annotations
@@ -29,6 +35,31 @@ GiB = 2**30  # bytes; see the module docstring for why vendor "GB" capacities ar
 PCIE3_X16_GBPS = 32.0  # PCIe Gen3 x16, as printed in the T4 datasheet
 PCIE4_X16_GBPS = 64.0  # PCIe Gen4 x16, as printed in the A100/A10/L4/L40S datasheets
 PCIE5_X16_GBPS = 128.0  # PCIe Gen5 x16, as printed in the H100/H200 datasheets
+
+# One direction of those links (GB/s): half the bidirectional figures above, as the datasheets print them.
+PCIE3_X16_ONE_WAY_GBPS = PCIE3_X16_GBPS / 2
+PCIE4_X16_ONE_WAY_GBPS = PCIE4_X16_GBPS / 2
+PCIE5_X16_ONE_WAY_GBPS = PCIE5_X16_GBPS / 2
+
+# Per-step latencies (us) of NCCL's tuning model: NVIDIA/nccl src/graph/tuning.cc (NCCL 2.30.7),
+# ncclTunerConstantsDefaults.hwLatencies, Ring row, Simple protocol. NCCL prices a ring collective as
+# baseLatency + nsteps x hwLatency + bytes / busBw; its model does not tell NVLink generations, nor InfiniBand
+# from RoCE (the IB and socket transports report no latency of their own: net_ib/init.cc and
+# net_socket.cc set props->latency = 0). Its per-collective base latency (Ring/Simple) is 8.4 us.
+NCCL_NVLINK_STEP_US = 3.4
+NCCL_PCI_STEP_US = 5.7
+NCCL_NET_STEP_US = 14.0
+
+# Reference-node networks, per GPU: the node's scale-out Gb/s over its GPUs, / 8 bits for GB/s.
+# DGX H100/H200 and DGX B200: eight single-port ConnectX-7, up to 400 Gb/s each, one per GPU (NVIDIA DGX
+# BasePOD reference architecture, "Core Components"; DGX B200 User Guide, "Hardware Overview").
+DGX_CX7_GBPS = 400 / 8
+# DGX A100: eight single-port ConnectX-6 VPI, 200 Gb/s HDR InfiniBand each, one per GPU (NVIDIA DGX A100
+# User Guide DU-09821-001, "Component Specifications").
+DGX_A100_HDR_GBPS = 200 / 8
+# AWS g5.48xlarge (8 A10G), g6.48xlarge (8 L4), g4dn.metal (8 T4): 100 Gbps per instance (AWS Batch User
+# Guide "GPU jobs" and the EC2 G4dn/G6 instance tables): 12.5 Gb/s per GPU.
+AWS_100G_8GPU_GBPS = 100 / 8 / 8
 
 
 # Multiprocessors per device, and the threads each holds (by compute capability: CUDA C++ Programming
@@ -57,6 +88,7 @@ _ENTRIES: list[Accelerator] = [
     # NVIDIA A100 Tensor Core GPU datasheet (2021, r4), SXM4 column: FP32 19.5 TF;
     # TF32 156 | 312* TF; BF16 312 | 624*; FP16 312 | 624* (* = with sparsity).
     # A100 40GB SXM: 40GB HBM2, 1,555 GB/s; NVLink 3rd gen 600 GB/s.
+    # Links: NVLink3 600 / 2 = 300 GB/s one way; reference node DGX A100 (8 GPUs, 8 x 200 Gb/s HDR).
     _nvidia(
         "a100-40gb",
         memory_bytes=40 * GiB,
@@ -64,10 +96,16 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=1555.0,
         interconnect="nvlink3",
         interconnect_gbps=600.0,
+        intra_node_gbps=300.0,
+        intra_node_latency_us=NCCL_NVLINK_STEP_US,
+        inter_node_gbps=DGX_A100_HDR_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (2021, r4), A100 80GB SXM: 80GB HBM2e, 2,039 GB/s;
     # same compute as the 40GB part; NVLink 3rd gen 600 GB/s.
+    # Links: as the 40GB part (NVLink3, DGX A100).
     _nvidia(
         "a100-80gb",
         memory_bytes=80 * GiB,
@@ -75,11 +113,17 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=2039.0,
         interconnect="nvlink3",
         interconnect_gbps=600.0,
+        intra_node_gbps=300.0,
+        intra_node_latency_us=NCCL_NVLINK_STEP_US,
+        inter_node_gbps=DGX_A100_HDR_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
     # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM column: FP32 67 TF; TF32 989*;
     # BF16 1,979*; FP16 1,979* (* = with sparsity; dense = half: 494.5 / 989.5). 80GB HBM3,
     # 3.35 TB/s; NVLink 4th gen 900 GB/s. CUDA reports 85,520,809,984 bytes of the 80 GiB.
+    # Links: NVLink4 900 / 2 = 450 GB/s one way; reference node DGX H100 (8 GPUs, 8 x 400 Gb/s CX-7).
     _nvidia(
         "h100-sxm",
         memory_bytes=80 * GiB,
@@ -87,11 +131,19 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=3350.0,
         interconnect="nvlink4",
         interconnect_gbps=900.0,
+        intra_node_gbps=450.0,
+        intra_node_latency_us=NCCL_NVLINK_STEP_US,
+        inter_node_gbps=DGX_CX7_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
     # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 PCIe column: FP32 51 TF; TF32 756*;
     # BF16 1,513*; FP16 1,513* (dense = half: 378 / 756.5). 80GB HBM2e, 2 TB/s; PCIe Gen5
     # 128 GB/s (an optional NVLink bridge joins pairs at 600 GB/s; not assumed here).
+    # Links: PCIe Gen5 x16 one way, 64 GB/s (the NVLink bridge joins pairs only). No reference node or
+    # instance table was found for 8 x H100 PCIe: assumed the DGX H100 network, one 400 Gb/s NIC per
+    # GPU (an upper bound: PCIe servers may share a NIC between GPUs).
     _nvidia(
         "h100-pcie",
         memory_bytes=80 * GiB,
@@ -99,11 +151,17 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=2000.0,
         interconnect="pcie5",
         interconnect_gbps=PCIE5_X16_GBPS,
+        intra_node_gbps=PCIE5_X16_ONE_WAY_GBPS,
+        intra_node_latency_us=NCCL_PCI_STEP_US,
+        inter_node_gbps=DGX_CX7_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
     # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM column: FP32 67 TF; TF32 989*;
     # BF16 1,979*; FP16 1,979* (dense = half, same die as H100 SXM). 141GB HBM3e, 4.8 TB/s;
     # NVLink 900 GB/s. (nvidia-smi shows 143,771 MiB, about 140.4 GiB.)
+    # Links: as H100 SXM; reference node DGX H200 (same network as DGX H100: BasePOD RA, "Core Components").
     _nvidia(
         "h200",
         memory_bytes=141 * GiB,
@@ -111,12 +169,18 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=4800.0,
         interconnect="nvlink4",
         interconnect_gbps=900.0,
+        intra_node_gbps=450.0,
+        intra_node_latency_us=NCCL_NVLINK_STEP_US,
+        inter_node_gbps=DGX_CX7_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
     # NVIDIA HGX B200 specifications (nvidia.com HGX platform page, 2024), per GPU: FP32 75 TF;
     # TF32 2.2 PF*; FP16/BF16 4.5 PF* (* = with sparsity; dense = half: 1,100 / 2,250).
     # 180GB HBM3e; 8 TB/s (NVIDIA DGX B200 datasheet 2024: 64 TB/s for 8 GPUs; a later HGX
     # table prints 7.7 TB/s). NVLink 5th gen 1.8 TB/s. The die has 192GB; B200 boards expose 180.
+    # Links: NVLink5 1,800 / 2 = 900 GB/s one way; reference node DGX B200 (8 GPUs, 8 x 400 Gb/s CX-7).
     _nvidia(
         "b200",
         memory_bytes=180 * GiB,
@@ -124,10 +188,16 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=8000.0,
         interconnect="nvlink5",
         interconnect_gbps=1800.0,
+        intra_node_gbps=900.0,
+        intra_node_latency_us=NCCL_NVLINK_STEP_US,
+        inter_node_gbps=DGX_CX7_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
     # NVIDIA L4 Tensor Core GPU datasheet (2023): FP32 30.3 TF; TF32 120*; BF16 242*; FP16 242*
     # (* = with sparsity; dense = half: 60 / 121). 24GB GDDR6, 300 GB/s; PCIe Gen4 x16 64 GB/s.
+    # Links: PCIe Gen4 x16 one way, 32 GB/s; reference node AWS g6.48xlarge (8 L4, 100 Gbps).
     _nvidia(
         "l4",
         memory_bytes=24 * GiB,
@@ -135,10 +205,17 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=300.0,
         interconnect="pcie4",
         interconnect_gbps=PCIE4_X16_GBPS,
+        intra_node_gbps=PCIE4_X16_ONE_WAY_GBPS,
+        intra_node_latency_us=NCCL_PCI_STEP_US,
+        inter_node_gbps=AWS_100G_8GPU_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
     # NVIDIA L40S GPU datasheet (2023): FP32 91.6 TF; TF32 183 | 366*; BF16 362.05 | 733*;
     # FP16 362.05 | 733*. 48GB GDDR6 with ECC, 864 GB/s; PCIe Gen4 x16 64 GB/s, no NVLink.
+    # Links: PCIe Gen4 x16 one way, 32 GB/s; reference node AWS g6e.48xlarge (8 L40S, 400 Gbps per the EC2
+    # G6e instance table): 50 Gb/s = 6.25 GB/s per GPU.
     _nvidia(
         "l40s",
         memory_bytes=48 * GiB,
@@ -146,12 +223,18 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=864.0,
         interconnect="pcie4",
         interconnect_gbps=PCIE4_X16_GBPS,
+        intra_node_gbps=PCIE4_X16_ONE_WAY_GBPS,
+        intra_node_latency_us=NCCL_PCI_STEP_US,
+        inter_node_gbps=400 / 8 / 8,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
     # A10G is an AWS-only part (EC2 G5); NVIDIA publishes no datasheet for it. Figures as AWS
     # and NVIDIA state them for G5 (24GB GDDR6, 600 GB/s, FP32 35 TF) with tensor rates at the
     # GA102 fp32-accumulate rate: TF32 35, BF16/FP16 70 dense -- half the A10's (NVIDIA A10
     # Tensor Core GPU datasheet, 2021: TF32 62.5, BF16/FP16 125). Least certain entry here.
+    # Links: PCIe Gen4 x16 one way, 32 GB/s; reference node AWS g5.48xlarge (8 A10G, 100 Gbps).
     _nvidia(
         "a10g",
         memory_bytes=24 * GiB,
@@ -159,10 +242,16 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=600.0,
         interconnect="pcie4",
         interconnect_gbps=PCIE4_X16_GBPS,
+        intra_node_gbps=PCIE4_X16_ONE_WAY_GBPS,
+        intra_node_latency_us=NCCL_PCI_STEP_US,
+        inter_node_gbps=AWS_100G_8GPU_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
     # NVIDIA T4 Tensor Core GPU datasheet (2019): FP32 8.1 TF; mixed precision (FP16/FP32)
     # 65 TF. 16GB GDDR6, 320 GB/s; PCIe Gen3 x16 32 GB/s. Turing: no BF16, no TF32.
+    # Links: PCIe Gen3 x16 one way, 16 GB/s; reference node AWS g4dn.metal (8 T4, 100 Gbps).
     _nvidia(
         "t4",
         memory_bytes=16 * GiB,
@@ -170,11 +259,19 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=320.0,
         interconnect="pcie3",
         interconnect_gbps=PCIE3_X16_GBPS,
+        intra_node_gbps=PCIE3_X16_ONE_WAY_GBPS,
+        intra_node_latency_us=NCCL_PCI_STEP_US,
+        inter_node_gbps=AWS_100G_8GPU_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_bf16=False,
     ),
     # NVIDIA V100 Tensor Core GPU datasheet (2020), V100 SXM2 column: FP32 15.7 TF; Tensor
     # (FP16 in, FP32 accumulate) 125 TF. 32GB HBM2, 900 GB/s; NVLink 2nd gen 300 GB/s.
     # Volta: no BF16, no TF32.
+    # Links: NVLink2 300 / 2 = 150 GB/s one way (DGX-1's hybrid cube-mesh links every GPU to four others;
+    # NCCL rings over it). Reference node DGX-1 with V100 (NVIDIA DGX-1 with Tesla V100 System Architecture
+    # white paper): 8 GPUs, four 100 Gb/s EDR InfiniBand NICs: 50 Gb/s = 6.25 GB/s per GPU.
     _nvidia(
         "v100",
         memory_bytes=32 * GiB,
@@ -182,9 +279,15 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=900.0,
         interconnect="nvlink2",
         interconnect_gbps=300.0,
+        intra_node_gbps=150.0,
+        intra_node_latency_us=NCCL_NVLINK_STEP_US,
+        inter_node_gbps=4 * 100 / 8 / 8,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_bf16=False,
     ),
     # Same datasheet, the 16GB V100 SXM2: identical compute and bandwidth, 16GB HBM2.
+    # Links: as the 32GB V100 (NVLink2, DGX-1).
     _nvidia(
         "v100-16gb",
         memory_bytes=16 * GiB,
@@ -192,12 +295,19 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=900.0,
         interconnect="nvlink2",
         interconnect_gbps=300.0,
+        intra_node_gbps=150.0,
+        intra_node_latency_us=NCCL_NVLINK_STEP_US,
+        inter_node_gbps=4 * 100 / 8 / 8,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_bf16=False,
     ),
     # NVIDIA Ada GPU Architecture whitepaper (v1.01, 2022/2023), Appendix, GeForce RTX 4090:
     # FP32 82.6 TF; TF32 tensor 82.6 | 165.2*; BF16 (FP32 accumulate) 165.2 | 330.4*; FP16 with
     # FP32 accumulate 165.2 | 330.4* (330.3 with FP16 accumulate, which autocast does not use).
     # 24GB GDDR6X, 1,008 GB/s; PCIe Gen4 x16, no NVLink.
+    # Links: PCIe Gen4 x16 one way, 32 GB/s. No vendor reference node or cloud instance table was found
+    # for GeForce cards: assumed a 4-GPU workstation on 10 GbE (10 Gb/s / 4 = 0.3125 GB/s per GPU).
     _nvidia(
         "rtx-4090",
         memory_bytes=24 * GiB,
@@ -205,12 +315,18 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=1008.0,
         interconnect="pcie4",
         interconnect_gbps=PCIE4_X16_GBPS,
+        intra_node_gbps=PCIE4_X16_ONE_WAY_GBPS,
+        intra_node_latency_us=NCCL_PCI_STEP_US,
+        inter_node_gbps=10 / 4 / 8,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=4,
         supports_tf32=True,
     ),
     # NVIDIA Ampere GA102 GPU Architecture whitepaper (v2.1, 2021), Appendix, GeForce RTX 3090:
     # FP32 35.6 TF; TF32 35.6 | 71*; BF16 (FP32 accumulate) 71 | 142*; FP16 with FP32
     # accumulate 71 | 142* (142 with FP16 accumulate). 24GB GDDR6X, 936 GB/s. PCIe Gen4 x16;
     # an optional NVLink bridge joins two cards at 112.5 GB/s, not assumed here.
+    # Links: as the RTX 4090 (PCIe Gen4, no bridge assumed; an assumed 4-GPU workstation on 10 GbE).
     _nvidia(
         "rtx-3090",
         memory_bytes=24 * GiB,
@@ -218,12 +334,20 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=936.0,
         interconnect="pcie4",
         interconnect_gbps=PCIE4_X16_GBPS,
+        intra_node_gbps=PCIE4_X16_ONE_WAY_GBPS,
+        intra_node_latency_us=NCCL_PCI_STEP_US,
+        inter_node_gbps=10 / 4 / 8,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=4,
         supports_tf32=True,
     ),
     # AMD Instinct MI300X Accelerator data sheet (2023): FP32 vector/matrix 163.4 TF; TF32
     # 653.7 TF; FP16 1,307.4 TF; BF16 1,307.4 TF (dense; the sheet lists sparsity separately:
     # 1,307.4 / 2,614.9). 192GB HBM3, 5.3 TB/s. 7 Infinity Fabric links x 128 GB/s = 896 GB/s.
     # PyTorch on ROCm uses TF32 only when opted in; the flag states the hardware capability.
+    # Links: Infinity Fabric 896 / 2 = 448 GB/s one way to the seven peers (64 GB/s to any one of them).
+    # RCCL keeps NCCL's tuning model (its tables are tuned per release); NCCL's NVLink figures stand in. Reference
+    # node Azure ND MI300X v5 (8 GPUs; InfiniBand 8 x 400 Gb/s NDR, Microsoft's ND MI300X v5 size page).
     Accelerator(
         name="mi300x",
         vendor="amd",
@@ -232,6 +356,11 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=5300.0,
         interconnect="infinity-fabric",
         interconnect_gbps=896.0,
+        intra_node_gbps=448.0,
+        intra_node_latency_us=NCCL_NVLINK_STEP_US,
+        inter_node_gbps=DGX_CX7_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
         multiprocessors=304,  # the same data sheet: 304 compute units
         max_threads_per_multiprocessor=2048,  # HIP's hipDeviceProp_t on CDNA3 (gfx942)
@@ -242,6 +371,12 @@ _ENTRIES: list[Accelerator] = [
     # `get_hardware("local")` replace the memory with this machine's /proc/meminfo figure.
     # bf16 runs (autocast on CPU) but gains nothing without AMX/AVX512-BF16, so its peak equals
     # fp32; fp16 autocast on CPU is not a supported training path.
+    # Links: gloo over TCP, no NCCL figures apply. Within a node (loopback): gloo's all_reduce of 2 ranks on a
+    # quiet 2-CPU host moves 64 MiB at about 1.5 GB/s of bus bandwidth and a 4-byte tensor in 335-427 us over
+    # its 2 ring steps, ~200 us a step (bench/research/gloo_links.py, bench/results/archive/gloo_links.json).
+    # Between nodes: no measurement;
+    # assumed 10 GbE (1.25 GB/s), the onboard NIC class of servers (DGX H100 carries a 10 Gb/s one), at the
+    # loopback per-step latency as its floor. One CPU "device" per node.
     Accelerator(
         name="cpu",
         vendor="cpu",
@@ -250,11 +385,17 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=51.2,
         interconnect="none",
         interconnect_gbps=0.0,
+        intra_node_gbps=1.5,
+        intra_node_latency_us=200.0,
+        inter_node_gbps=1.25,
+        inter_node_latency_us=200.0,
+        devices_per_node=1,
         supports_bf16=True,
         supports_fp16=False,
     ),
     # Synthetic, for tests (STYLE: every registry has a `tiny` entry): a 1 GiB GPU that small
     # workloads overflow quickly. Not a real device; never chosen by the local probe.
+    # Links: synthetic, an 8-GPU PCIe Gen4 node on 100 Gbps (the L4 entry's figures).
     _nvidia(
         "tiny",
         memory_bytes=1 * GiB,
@@ -262,6 +403,11 @@ _ENTRIES: list[Accelerator] = [
         memory_bandwidth_gbps=100.0,
         interconnect="pcie4",
         interconnect_gbps=PCIE4_X16_GBPS,
+        intra_node_gbps=PCIE4_X16_ONE_WAY_GBPS,
+        intra_node_latency_us=NCCL_PCI_STEP_US,
+        inter_node_gbps=AWS_100G_8GPU_GBPS,
+        inter_node_latency_us=NCCL_NET_STEP_US,
+        devices_per_node=8,
         supports_tf32=True,
     ),
 ]

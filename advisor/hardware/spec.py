@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,6 +75,27 @@ class Accelerator(BaseModel):
                                                        "multiprocessor, by compute capability.")
     cpu: CpuSpec | None = Field(default=None, description="A probed CPU's identity and the figures its peak_tflops "
                                 "come from; None for catalog entries.")
+    # Communication figures for alpha-beta pricing (time = latency + bytes / bandwidth). The defaults
+    # describe a plain PCIe Gen4 server on 10 GbE; every catalog entry sets its own (advisor/hardware/catalog.py).
+    intra_node_gbps: float = Field(default=32.0, gt=0, description="Per-device unidirectional bandwidth to the "
+                                   "other devices of its node (GB/s, 1e9 B/s): half the bidirectional NVLink/xGMI "
+                                   "figure, or the PCIe generation's x16 figure one way.")
+    intra_node_latency_us: float = Field(default=5.7, gt=0, description="Latency of one collective step between "
+                                         "devices of a node (microseconds); NCCL's ring/Simple hwLat for the link.")
+    inter_node_gbps: float = Field(default=1.25, gt=0, description="Per-device unidirectional network bandwidth of "
+                                   "the reference node (GB/s): the node's scale-out NICs divided by its devices.")
+    inter_node_latency_us: float = Field(default=14.0, gt=0, description="Latency of one collective step between "
+                                         "nodes (microseconds); NCCL's ring/Simple network hwLat.")
+    devices_per_node: int = Field(default=1, gt=0, description="Devices in the reference node the inter-node figure "
+                                  "describes (a DGX: 8). Not the target's count: HardwareSpec.devices_per_node is.")
+
+
+class Link(NamedTuple):
+    """The link that bounds one process group: its bandwidth, per-step latency, and whether it crosses nodes."""
+
+    gbps: float  # per-device unidirectional GB/s
+    latency_us: float  # per collective step, microseconds
+    crosses_nodes: bool
 
 
 class HardwareSpec(BaseModel):
@@ -105,3 +126,27 @@ class HardwareSpec(BaseModel):
         if self.device_type == "cpu" and self.host_memory_bytes:
             return self.host_memory_bytes
         return self.accelerator.memory_bytes
+
+    def link_for(self, group_size: int, stride: int = 1) -> Link:
+        """The link bounding a process group of `group_size` ranks whose consecutive members are `stride` apart.
+
+        Global ranks fill a node first: rank r sits on node r // devices_per_node. Groups tile the ranks as a
+        device mesh does: blocks of group_size x stride consecutive ranks, each holding `stride` groups
+        {b + j + i*stride : i < group_size}. The groups run their collectives together, so the slowest one
+        binds: the group crosses nodes when any group of the tiling spans two nodes, which is when nodes > 1,
+        group_size > 1 and the block does not divide devices_per_node. Crossing: the accelerator's inter-node
+        bandwidth and latency (each device has its own share of the node's NICs); otherwise the intra-node
+        ones. A group of one communicates with no one: intra-node figures, not crossing.
+        Raises ValueError when group_size or stride is below 1, or the block does not divide world_size.
+        """
+        if group_size < 1 or stride < 1:
+            raise ValueError(f"group_size and stride must be >= 1 (got {group_size}, {stride})")
+        block = group_size * stride
+        if self.world_size % block:
+            raise ValueError(f"a group of {group_size} with stride {stride} spans {block} ranks, which does not "
+                             f"divide the {self.world_size} ranks of {self.devices_per_node} x {self.nodes}")
+        acc = self.accelerator
+        crosses = self.nodes > 1 and group_size > 1 and self.devices_per_node % block != 0
+        if crosses:
+            return Link(acc.inter_node_gbps, acc.inter_node_latency_us, True)
+        return Link(acc.intra_node_gbps, acc.intra_node_latency_us, False)

@@ -47,7 +47,8 @@ def hardware_fingerprint(hw: "HardwareSpec") -> str:
         del spec["accelerator"]["cpu"]
     # so did a GPU's multiprocessor figures, which the GPU's name and figures already pin down: left out, so
     # that results stored before them still match
-    for key in ("multiprocessors", "max_threads_per_multiprocessor"):
+    for key in ("multiprocessors", "max_threads_per_multiprocessor", "intra_node_gbps", "intra_node_latency_us",
+                "inter_node_gbps", "inter_node_latency_us", "devices_per_node"):
         spec["accelerator"].pop(key, None)
     return _digest(spec)
 
