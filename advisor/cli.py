@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from advisor import cli_recommend
+from advisor import cli_plan, cli_recommend
 from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy, choices
 from advisor.errors import AdvisorError, ProbeError, SpecError, TrialError, WorkloadFailed
 from advisor.parallel.layout import PipelineSchedule
@@ -146,6 +146,7 @@ def _build_parser() -> argparse.ArgumentParser:
     cli_store.add_parsers(sub, _positive_int)
     cli_serve.add_parsers(sub, _positive_int)
     tune_cli.add_parser(sub, _add_workload_args, _positive_int)
+    cli_plan.add_parser(sub, _positive_int)
     return parser
 
 
@@ -376,7 +377,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 COMMANDS = {"estimate": _cmd_estimate, "trial": _cmd_trial, "workloads": _cmd_workloads, "hardware": _cmd_hardware,
             "probe": _cmd_probe, "tune": _cmd_tune, "db": _cmd_db, "results": _cmd_results,
-            "recommend": cli_recommend.cmd_recommend, "serve": _cmd_serve, "worker": _cmd_worker}
+            "recommend": cli_recommend.cmd_recommend, "plan": cli_plan.cmd_plan, "serve": _cmd_serve,
+            "worker": _cmd_worker}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from advisor.errors import SpecError
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # noqa: ANN001 (argparse types)
     p = sub.add_parser("recommend", help="how to train a workload on each candidate hardware type, fastest (or "
-                       "cheapest) per epoch first: measured, transferred or estimated")
+                       "cheapest) per epoch first: measured, transferred, planned or estimated")
     p.add_argument("--workload", "-w", required=True, help="preset name, path/to/file.py:build or pkg.module:build")
     p.add_argument("--workload-arg", "-a", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the workload's build (JSON where it parses); repeatable")

@@ -2,7 +2,9 @@
 cheapest) per epoch. Each answer says where it comes from: `measured` (the stored best for this
 workload and hardware fingerprint), `transferred` (a stored best of the same workload on other
 hardware, or of a same-named workload on this hardware, adjusted by the estimator), or
-`estimated` (estimator and roofline only). The CLI and the HTTP API both call `recommend`."""
+`planned` (a decoder on GPUs: the planner's fastest plan that fits, its memory from the analytic estimator and its
+time from the step-time model), or `estimated` (estimator and roofline only). The CLI and the HTTP API both call
+`recommend`."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from advisor.store import BestRecord, ResultStore
     from advisor.workload import Workload
 
-Provenance = Literal["measured", "transferred", "estimated"]
+Provenance = Literal["measured", "transferred", "planned", "estimated"]
 PER_SAMPLES = 1_000_000  # the "epoch" when the workload has no dataset (samples)
 THROUGHPUT_METRICS = ("samples_per_s", "tokens_per_s")
 MAX_SOURCES = 3  # stored bests tried, in order of preference, before falling back to the estimator
@@ -296,6 +298,32 @@ def _settle(wl: "Workload", hw: "HardwareSpec", config: TrainingConfig,
 
 
 def _estimated(t: _Target, name: str, hw: "HardwareSpec", tried: list[str]) -> Recommendation:
+    """A decoder on several GPUs gets the planner's answer; anything else PyTorch's defaults at the largest batch
+    that fits on one device, and the planner's where none does there."""
+    planned = t.workload.decoder is not None and hw.device_type == "cuda"
+    if planned and hw.world_size > 1:
+        return _planned(t, name, tried)
+    rec = _defaults(t, name, hw, tried)
+    return _planned(t, name, tried) if planned and not rec.fits else rec
+
+
+def _planned(t: _Target, name: str, tried: list[str]) -> Recommendation:
+    from advisor.plan.recommend import describe, plans_for, training_config
+
+    result = plans_for(t.workload, name)
+    best = result.plans[0]
+    nothing = "nothing stored for this workload on this or other hardware" if not tried else "; ".join(tried)
+    if not result.fits:
+        reason = f"planned: {nothing}; no plan fits: " + "; ".join(result.what_would_fit or ["none found"])
+        return Recommendation(hardware=name, provenance="planned", config=training_config(best.config), fits=False,
+                              peak_memory_bytes=best.memory_per_device_bytes, devices=best.devices, reason=reason,
+                              **_throughput_fields(t, None))
+    return Recommendation(hardware=name, provenance="planned", config=training_config(best.config), fits=True,
+                          peak_memory_bytes=best.memory_per_device_bytes, devices=best.devices,
+                          reason=f"{describe(best, result)}; {nothing}", **_throughput_fields(t, best.samples_per_s))
+
+
+def _defaults(t: _Target, name: str, hw: "HardwareSpec", tried: list[str]) -> Recommendation:
     from advisor.transfer import best_precision, with_batch
     from search_spaces import SpaceContext, baseline
 

@@ -1,4 +1,4 @@
-"""The routes. Each calls the service function the CLI calls: `estimate_memory`, `recommend`, the
+"""The routes. Each calls the service function the CLI calls: `estimate_memory`, `recommend`, `plan`, the
 store's queries, the job queue. Work that loads a workload runs in an isolated worker of the app's
 pool (advisor.isolation), waited for in the thread pool so the event loop keeps answering."""
 
@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from advisor.estimate import MemoryEstimate
 from advisor.estimate.parallel import LayoutEstimate
+from advisor.plan.model import PlanResult
 from advisor.store.records import (
     JOB_STATUSES,
     SORTABLE,
@@ -34,6 +35,7 @@ from api.schemas import (
     JobAccepted,
     LayoutEstimateRequest,
     Page,
+    PlanRequest,
     Progress,
     RecommendRequest,
     RecommendResponse,
@@ -203,6 +205,51 @@ def _recommend_bytes(state: AppState, body: RecommendRequest) -> bytes:
                         stage=f"loading {body.workload}", timeout_s=state.settings.api_estimate_timeout_s,
                         pool=state.pool)
     return RecommendResponse(workload=body.workload, recommendations=recs).model_dump_json().encode()
+
+
+@v1.post("/plan", tags=["advice"], responses=WORKLOAD_ERRORS)
+def plan(body: PlanRequest, request: Request) -> PlanResult:
+    """`advisor plan`: the fastest ways to train a decoder on GPU targets (or the cheapest per token, with prices).
+    Meshes (dp, tp, pp, cp), sharding, micro-batch and accumulation for the global batch, checkpointing and
+    offload, pruned by per-device memory and ranked by predicted step time; each plan with its memory and step
+    time by part. Where none fits, the closest plans (fits false) and `what_would_fit`. The search runs in an
+    isolated worker under ADVISOR_API_ESTIMATE_TIMEOUT_S; a `pkg.module:build` workload is described in a worker
+    of its own first."""
+    from advisor.isolation import run_isolated
+    from advisor.plan.search import plan as plan_fn
+
+    state = _state(request)
+    check_workload(body.workload, state.settings)
+    planned, name = _plan_request(body, state)
+    result = run_isolated(plan_fn, planned, spec=planned.workload or "decoder", what="the plan",
+                          stage=f"planning {body.workload}", timeout_s=state.settings.api_estimate_timeout_s,
+                          pool=state.pool)
+    return result if name is None else result.model_copy(update={"workload": name})
+
+
+def _plan_request(body: PlanRequest, state: AppState):  # noqa: ANN202 (advisor.plan.model.PlanRequest, name)
+    """The planner's request, and the workload's name where it is not the planner's to find: a preset is loaded
+    by the planner in its worker; `pkg.module:build` code is described in a worker of its own (retired after it),
+    and the planner gets its decoder's shape."""
+    from advisor.errors import SpecError, invalid_input
+    from advisor.plan.model import PlanRequest as Planned
+
+    known = dict(workload_args=body.workload_args, workload=body.workload, arch=None)
+    name = None
+    if ":" in body.workload:
+        from advisor.isolation import describe
+
+        info = describe(body.workload, body.workload_args, timeout_s=state.settings.api_estimate_timeout_s,
+                        pool=state.pool)
+        if info.decoder is None:
+            raise SpecError(f"{body.workload} is not a decoder; the planner covers decoder models")
+        known, name = dict(workload_args={}, workload=None, arch=info.decoder), info.name
+    try:
+        return Planned(hardware=body.hardware, nodes=body.nodes, global_batch_size=body.global_batch_size,
+                       fixed=body.fix, prices=body.prices, objective=body.objective, top=body.top,
+                       margin=body.margin, **known), name
+    except ValidationError as exc:
+        raise invalid_input(exc) from exc
 
 
 # -- stored results ---------------------------------------------------------------------------------

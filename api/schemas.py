@@ -11,10 +11,12 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from advisor.config import CHECKPOINTING_DOC, Checkpointing, OptimizerKind, Precision, Strategy
 from advisor.parallel.layout import PipelineSchedule
+from advisor.plan.knobs import FIX_KEYS, FixedKnobs
+from advisor.plan.model import Objective
 from advisor.recommend import Recommendation
 from advisor.store.records import JOB_STATUSES
 from advisor.tune.request import Sampler
@@ -27,6 +29,16 @@ ARG_KEY = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _ARG_KEY = re.compile(ARG_KEY)
 MAX_CANDIDATES = 16  # hardware candidates in one recommend
 MAX_PAGE = 500  # rows in one page
+# What one POST /v1/plan may ask for: the planner's work grows with the targets (hardware x node counts), their
+# devices (the meshes to try) and the plans kept; the isolated worker's time limit (ADVISOR_API_ESTIMATE_TIMEOUT_S)
+# ends whatever these still allow past it.
+MAX_PLAN_HARDWARE = 4  # hardware specs
+MAX_PLAN_NODES = 128  # the largest node count of a range
+MAX_PLAN_TARGETS = 16  # hardware specs x node counts
+MAX_PLAN_DEVICES = 1024  # devices of one target
+MAX_PLAN_TOP = 20  # plans returned
+MAX_GLOBAL_BATCH = 1 << 20  # samples per optimizer step
+_PLAN_HW = re.compile(r"^([a-z0-9][a-z0-9._-]*)(?::(\d{1,6})(?:x(\d{1,6}))?)?$")
 
 JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]  # the store's, one list
 
@@ -156,6 +168,88 @@ class RecommendRequest(WorkloadRef):
         if isinstance(v, list) and not 1 <= len(v) <= MAX_CANDIDATES:
             raise ValueError(f"give 1 to {MAX_CANDIDATES} hardware candidates")
         return v
+
+
+class PlanRequest(WorkloadRef):
+    """What POST /v1/plan plans: `advisor plan`'s options (a decoder workload on GPU targets)."""
+
+    workload: str = Field(min_length=1, max_length=200, description="A decoder preset (GET /v1/workloads: "
+                          "llama-*, gpt2-*, decoder, ...), or `pkg.module:build` inside the server's "
+                          "ADVISOR_WORKLOAD_MODULES, described in an isolated worker.", examples=["llama-8b"])
+    hardware: list[Annotated[str, StringConstraints(min_length=1, max_length=100)]] = Field(
+        min_length=1, max_length=MAX_PLAN_HARDWARE, examples=[["h100-sxm:8"]],
+        description=f"1 to {MAX_PLAN_HARDWARE} GPU targets, catalog NAME:N (N devices on one node) or NAME:NxM (M "
+                    f"nodes), at most {MAX_PLAN_DEVICES} devices each; with `nodes`, NAME:N gives the devices per "
+                    "node.")
+    nodes: tuple[Annotated[int, Field(ge=1, le=MAX_PLAN_NODES)], Annotated[int, Field(ge=1, le=MAX_PLAN_NODES)]] \
+        | None = Field(default=None, examples=[[1, 4]], description=f"[FIRST, LAST]: plan each node count from FIRST "
+                       f"to LAST (inclusive) and rank them together; LAST at most {MAX_PLAN_NODES}, hardware x node "
+                       f"counts at most {MAX_PLAN_TARGETS}.")
+    global_batch_size: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH, description="Samples per "
+                                          "optimizer step; default about a million tokens' worth, a power of 2.")
+    fix: FixedKnobs = Field(default_factory=FixedKnobs, examples=[{"tp": 2}], description="Knobs held at one value, "
+                            f"as `--fix KEY=VALUE`: {', '.join(FIX_KEYS)}.")
+    prices: dict[Annotated[str, StringConstraints(max_length=100)], Annotated[float, Field(ge=0, le=1e6)]] = Field(
+        default_factory=dict, max_length=MAX_PLAN_HARDWARE, examples=[{"h100-sxm": 3.2}],
+        description="USD per device-hour by catalog name; with a price for every target, plans rank by cost per "
+                    "million tokens.")
+    objective: Objective | None = Field(default=None, description="What ranks the plans; default cost where every "
+                                        "target is priced, else tokens/s per device.")
+    top: int = Field(default=5, ge=1, le=MAX_PLAN_TOP, description="Plans to return.")
+    margin: float | None = Field(default=None, ge=0, lt=1, description="Fraction of device memory kept free.")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"workload": "llama-8b", "hardware": ["h100-sxm:8"], "fix": {"tp": 2}, "top": 3}]})
+
+    @field_validator("fix", mode="before")
+    @classmethod
+    def _known_knobs(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for key in v:
+                if key not in FIX_KEYS:
+                    raise ValueError(f"unknown knob {str(key)[:MAX_ARG_KEY]!r}; knobs: {', '.join(FIX_KEYS)}")
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _bounded_targets(cls, v: list[str]) -> list[str]:
+        for spec in v:
+            m = _PLAN_HW.match(spec.strip().lower())
+            devices = int(m.group(2) or 1) * int(m.group(3) or 1) if m else 0
+            if devices > MAX_PLAN_DEVICES:
+                raise ValueError(f"{spec[:100]!r} has {devices} devices; plan at most {MAX_PLAN_DEVICES} devices "
+                                 "a target over the API")
+        return v
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _node_range(cls, v: Any) -> Any:
+        if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(type(n) is int for n in v)):
+            return v  # the type's own message
+        allowed = f"give [FIRST, LAST] with 1 <= FIRST <= LAST <= {MAX_PLAN_NODES}"
+        if not 1 <= v[0] <= v[1]:
+            raise ValueError(f"[{v[0]}, {v[1]}] has no node count; {allowed}")
+        if v[1] > MAX_PLAN_NODES:
+            raise ValueError(f"[{v[0]}, {v[1]}] goes past {MAX_PLAN_NODES} nodes; {allowed}")
+        return v
+
+    @model_validator(mode="after")
+    def _few_targets(self) -> "PlanRequest":
+        counts = 1 if self.nodes is None else self.nodes[1] - self.nodes[0] + 1
+        if counts * len(self.hardware) > MAX_PLAN_TARGETS:
+            raise ValueError(f"{len(self.hardware)} hardware x {counts} node counts is {counts * len(self.hardware)} "
+                             f"targets; plan at most {MAX_PLAN_TARGETS} in one request")
+        if self.nodes is not None:
+            worst = max(self.hardware, key=lambda spec: _per_node(spec))
+            if _per_node(worst) * self.nodes[1] > MAX_PLAN_DEVICES:
+                raise ValueError(f"{worst[:100]!r} on {self.nodes[1]} nodes is {_per_node(worst) * self.nodes[1]} "
+                                 f"devices; plan at most {MAX_PLAN_DEVICES} devices a target over the API")
+        return self
+
+
+def _per_node(spec: str) -> int:
+    m = _PLAN_HW.match(spec.strip().lower())
+    return int(m.group(2) or 1) if m else 1
 
 
 class RecommendResponse(_Out):

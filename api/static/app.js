@@ -114,23 +114,31 @@ const knobCells = (c) => Object.values(knobs(c)).map((v) => h("td", {}, v));
 
 // ---- API -------------------------------------------------------------------------------------------
 
-async function getJSON(path) {
+// GET (or, with `body`, POST as JSON) /v1/<path>; a failure throws one line: method, path, status, detail.
+async function callJSON(path, body) {
+  const method = body === undefined ? "GET" : "POST";
+  const init = { method, headers: { Accept: "application/json" } };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
   let res;
   try {
-    res = await fetch(`${API}/${path}`, { headers: { Accept: "application/json" } });
+    res = await fetch(`${API}/${path}`, init);
   } catch (e) {
-    throw new Error(`GET /${API}/${path}: cannot reach the server (${e.message})`);
+    throw new Error(`${method} /${API}/${path}: cannot reach the server (${e.message})`);
   }
   if (!res.ok) {
     let detail = res.statusText;
     try {
-      const body = await res.json();
-      if (body && body.detail !== undefined) detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
+      const err = await res.json();
+      if (err && err.detail !== undefined) detail = typeof err.detail === "string" ? err.detail : JSON.stringify(err.detail);
     } catch { /* the body is not JSON: keep the status text */ }
-    throw new Error(`GET /${API}/${path}: ${res.status} ${detail}`);
+    throw new Error(`${method} /${API}/${path}: ${res.status} ${detail}`);
   }
   return res.json();
 }
+const getJSON = (path) => callJSON(path);
 
 // One message per source (jobs, studies, study), so a later success clears only its own.
 function setError(source, err) {

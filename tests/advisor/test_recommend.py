@@ -1,7 +1,7 @@
 """`recommend` against a real SQLite store holding real TrialResults: measured when the fingerprint
 matches, transferred (batch rescaled, precision switched, knobs dropped, throughput scaled by the
 roofline) when only other hardware or a same-named workload has results, estimated from an empty
-store; candidates ranked by time and by cost per epoch."""
+store, planned for a decoder on GPUs; candidates ranked by time and by cost per epoch."""
 
 from __future__ import annotations
 
@@ -136,3 +136,38 @@ def test_bad_input_raises_spec_errors(url):
         recommend("tiny-gpt2", ["a100-80gb"], db=url, prices={"h100-sxm": 2.0})
     with pytest.raises(SpecError, match="at least one hardware"):
         recommend("tiny-gpt2", [], db=url)
+
+
+def test_an_8b_decoder_is_planned_sharded_on_8_gpu_nodes_and_says_what_would_fit_on_l4s(url):
+    """A decoder on GPUs with nothing stored is planned: sharded where one device cannot hold it."""
+    recs = recommend("llama-8b", ["l4:8", "a100-80gb:8", "h100-sxm:8"], db=url)
+    assert [r.hardware for r in recs] == ["h100-sxm:8", "a100-80gb:8", "l4:8"]  # fitting, then by time per epoch
+    for r in recs[:2]:
+        assert r.provenance == "planned" and r.fits and r.devices == 8 and r.config.nproc == 8
+        layout = r.config.layout()
+        assert layout.world == 8 and (layout.fsdp_shards > 1 or layout.tp > 1 or layout.pp > 1)
+        assert r.peak_memory_bytes <= get_hardware(r.hardware).memory_per_device_bytes
+        assert r.time_per_epoch_s == pytest.approx(r.epoch_samples / r.samples_per_s)
+        assert "planned: the fastest plan that fits" in r.reason and "s a step" in r.reason
+    assert recs[0].samples_per_s > recs[1].samples_per_s
+    l4 = recs[2]
+    assert l4.provenance == "planned" and not l4.fits and l4.samples_per_s is None
+    assert "no plan fits" in l4.reason and "devices fit" in l4.reason
+
+
+def test_a_70b_decoder_is_planned_onto_four_nodes(url):
+    (r,) = recommend("llama-70b", "h100-sxm:8x4", db=url)
+    assert r.provenance == "planned" and r.fits and r.devices == 32
+    assert r.config.layout().world == 32 and r.config.device == "cuda"
+
+
+def test_a_plan_becomes_the_trial_configuration_of_the_same_layout():
+    from advisor.plan.knobs import PlanConfig
+    from advisor.plan.recommend import training_config
+
+    config = PlanConfig(dp=2, tp=2, pp=2, cp=1, strategy="zero2", schedule="interleaved-1f1b", virtual_stages=2,
+                        microbatches=4, micro_batch_size=2, checkpointing="selective", precision="bf16",
+                        optimizer="adamw", sequence_parallel=True)
+    trial = training_config(config)
+    assert trial.layout() == config.layout()
+    assert trial.batch_size == 8 and trial.nproc == 8 and trial.checkpointing.value == "selective"

@@ -1,6 +1,7 @@
 """The web page at / in headless Chromium, against `advisor serve` over a store of real measured
 trials: the plots carry one mark per trial the API reports, the best-configs table leads with the
-fastest trial, a click switches the study, and API errors and user text show as text.
+fastest trial, a click switches the study, and API errors and user text show as text. The plan view
+posts its form to /v1/plan and draws the answer: a row and two stacked bars per plan, or what would fit.
 
 Needs the `playwright` package and Chromium at /usr/bin/chromium: where either is missing the
 tests skip, or fail where ADVISOR_TEST_BROWSER=required.
@@ -20,6 +21,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 TIMEOUT_MS = 30_000
+PLAN_TIMEOUT_MS = 180_000  # the first plan waits for the isolated worker's fork server (torch's import) too
 MIN_SCREENSHOT_BYTES = 20_000  # a blank 1280-px page is a few kB; tables and three plots are far more
 
 
@@ -145,4 +147,57 @@ def test_page_shows_api_errors_and_user_text_as_text(live_server: tuple[str, dic
     assert hostile in page.inner_text("#study-title")
     assert page.locator("img").count() == 0
     assert page.evaluate("window.__pwned") is None
+    assert not page.script_errors
+
+
+def _submit_plan(page: Any, **fields: str) -> dict:
+    """Fill the plan form, submit it, and return the API's answer once the page has drawn it."""
+    for name, value in fields.items():
+        if name == "workload":
+            page.select_option("#plan-workload", value)
+        else:
+            page.fill(f"#plan-{name}", value)
+    with page.expect_response("**/v1/plan", timeout=PLAN_TIMEOUT_MS) as answer:
+        page.click("#plan-submit")
+    page.wait_for_selector("#plan-result[data-fits], #plan-error:not([hidden])", timeout=PLAN_TIMEOUT_MS)
+    return answer.value.json()
+
+
+def test_plan_view_draws_the_plans_and_what_would_fit(live_server: tuple[str, dict], page: Any,
+                                                     artifact_dir: Path) -> None:
+    base, _ = live_server
+    page.goto(f"{base}/")
+    page.click("#tab-plan")
+    page.wait_for_selector('#plan-workload option[value="llama-8b"]', state="attached")
+    assert page.locator("#tune-view").is_hidden() and page.locator("#plan-form").is_visible()
+
+    body = _submit_plan(page, workload="llama-8b", hardware="h100-sxm:8")
+    assert body["fits"] and body["plans"]
+    rows = page.locator("#plan-table tbody tr[data-plan-index]")
+    assert rows.count() == len(body["plans"])
+    first, cfg = rows.nth(0), body["plans"][0]["config"]
+    assert first.locator("td").nth(2).inner_text() == f'{cfg["dp"]}/{cfg["tp"]}/{cfg["pp"]}/{cfg["cp"]}'
+    for i, plan in enumerate(body["plans"]):  # each plan's bars carry its parts, adding up to its figures
+        bars = f'#plan-bars .plan-bar-row[data-plan-index="{i}"]'
+        memory = page.eval_on_selector_all(f"{bars} svg.bar-memory rect[data-part]",
+                                           "els => els.map(e => Number(e.dataset.value))")
+        assert sum(memory) == plan["memory_per_device_bytes"]
+        time = page.eval_on_selector_all(f"{bars} svg.bar-time rect[data-part]",
+                                         "els => els.map(e => [e.dataset.part, Number(e.dataset.value)])")
+        assert dict(time)["compute_s"] == plan["breakdown"]["compute_s"]
+        assert sum(v for _, v in time) == pytest.approx(plan["step_time_s"], rel=1e-6)
+        assert page.locator(f"{bars} svg.bar-memory line.usable").count() == 1
+    shot = artifact_dir / "plan.png"
+    shot.unlink(missing_ok=True)
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.is_file() and shot.stat().st_size > MIN_SCREENSHOT_BYTES
+
+    body = _submit_plan(page, workload="llama-70b", hardware="h100-sxm:1")  # 140 GB of bf16 weights on one GPU
+    assert not body["fits"] and body["what_would_fit"]
+    assert body["what_would_fit"][0] in page.inner_text("#plan-would-fit")
+
+    _submit_plan(page, fix="tensor_parallel=2")
+    error = page.locator("#plan-error")
+    assert "422" in error.inner_text() and "unknown knob 'tensor_parallel'" in error.inner_text()
+    assert page.locator("#plan-table").count() == 0
     assert not page.script_errors
