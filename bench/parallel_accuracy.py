@@ -7,10 +7,15 @@
 Per case (a workload and a layout: tp 2 and 4, pp 2 and 4, zero3 x tp 2 x 2, tp x pp 2 x 2; for decoders also
 cp 2 under zero3, tp 2 x cp 2 under zero2, and HSDP 2 groups x 2 under zero3), the estimator's
 per-rank figures (advisor.estimate.parallel.estimate_layout, traced under a fake process group) beside every rank
-measured on real ranks (advisor.parallel.measure):
-- `alloc`, --runs times: the profiler's live tensor bytes from before the build (the issue's measure). On gloo a
-  collective's buffers are released when its thread is done with them, so under CPU contention the peak varies from
-  run to run; the table gives the lowest run and the spread (highest over lowest).
+measured on real ranks (advisor.parallel.measure.run_rank, as measure_ranks runs it), --runs times, two figures a run:
+- `alloc`: the live tensor bytes over every thread of the rank: each tensor's storage comes from c10's CPU allocator
+  (posix_memalign) and goes back through free(); a preloaded shim (SHIM_C, built with gcc) logs both calls, in the
+  order they happen on all threads, between the profiler's start and stop, and their replay's peak is the figure.
+  The table gives the lowest run and the spread (highest over lowest).
+- `profiler`: the profiler's figure of the same run (advisor.parallel.measure's): the profiler reports only the
+  allocator calls of threads it follows, and gloo's worker threads drop a finished collective's work, the last
+  reference to its input and output, outside any (ProcessGroupGloo::runLoop resets workInProgress_ there), so those
+  frees go unreported and the replay counts the tensors live to the end: it reads high, by a varying amount.
 - `sync`, once: the profiler's live tensor bytes of each rank's real program on real tensors, the rank alone in a
   fake process group whose collectives return at once: the program's own tensor lifetimes, with none held by a
   slower collective thread. The estimate against it isolates the estimator's model from gloo's timing.
@@ -27,6 +32,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -82,7 +88,7 @@ def cases(which: str) -> list[tuple[str, str, dict[str, Any], str, dict[str, Any
 
 
 def run_case(label: str, workload: str, args: dict[str, Any], layout_name: str, fields: dict[str, Any],
-             runs: int) -> dict:
+             runs: int, shim: str) -> dict:
     from advisor.estimate.model import EstimateRequest
     from advisor.estimate.parallel import estimate_layout
     from advisor.parallel import Layout
@@ -95,21 +101,132 @@ def run_case(label: str, workload: str, args: dict[str, Any], layout_name: str, 
     est_s = time.perf_counter() - t0
     req = RankMeasureRequest(workload=workload, workload_args=args, layout=layout, batch_size=BATCH)
     alone = measure_ranks(req.model_copy(update={"mode": "sync"}))
-    allocs = [measure_ranks(req) for _ in range(runs)]
+    allocs = [measure_threads(req, shim) for _ in range(runs)]
     ranks = []
     for r, t in enumerate(alone):
         e = est.for_rank(r)
-        runs_r = [a[r].alloc_peak_bytes for a in allocs]
-        comm = allocs[-1][r].comm_bytes
+        runs_r = [a[r][1] for a in allocs]
+        prof_r = [a[r][0].alloc_peak_bytes for a in allocs]
+        comm = allocs[-1][r][0].comm_bytes
         comm_err = {k: _rel(e.comm_bytes.get(k, 0), v) for k, v in comm.items()}
         comm_err.update({k: 1.0 for k in e.comm_bytes if k not in comm})
         ranks.append({"rank": r, "coords": t.coords, "stages": e.stages, "estimate": e.allocated_bytes,
-                      "alone": t.alloc_peak_bytes, "alloc_runs": runs_r,
+                      "alone": t.alloc_peak_bytes, "alloc_runs": runs_r, "profiler_runs": prof_r,
                       "error_alone": _rel(e.allocated_bytes, t.alloc_peak_bytes),
                       "error": _rel(e.allocated_bytes, min(runs_r)), "spread": max(runs_r) / min(runs_r) - 1,
+                      "error_profiler": _rel(e.allocated_bytes, min(prof_r)),
                       "comm_estimate": e.comm_bytes, "comm_measured": comm, "comm_error": comm_err})
     return {"case": label, "workload": workload, "args": args, "layout": layout_name, "fields": fields,
             "estimate_s": est_s, "ranks": ranks}
+
+
+# LD_PRELOAD shim: logs each posix_memalign (c10's alloc_cpu, every tensor storage on Linux) as "m <bytes> <pointer>"
+# and each free of a 64-byte-aligned pointer (c10's alignment; no other free can end a storage) as "f <pointer>",
+# while ADVISOR_ALLOC_LOG names a file, one write(2) each: the log holds the calls of all threads in their order
+SHIM_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+static int (*real_memalign)(void **, size_t, size_t);
+static void (*real_free)(void *);
+static int fd = -1;
+static void logline(const char *buf, int len) {
+    const char *path = getenv("ADVISOR_ALLOC_LOG");
+    if (!path) return;
+    if (fd < 0) fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0 && write(fd, buf, len) < 0) fd = -1;
+}
+int posix_memalign(void **pp, size_t align, size_t n) {
+    if (!real_memalign) real_memalign = dlsym(RTLD_NEXT, "posix_memalign");
+    int r = real_memalign(pp, align, n);
+    if (r == 0) { char b[64]; logline(b, snprintf(b, sizeof b, "m %zu %p\n", n, *pp)); }
+    return r;
+}
+void free(void *p) {
+    if (!real_free) real_free = dlsym(RTLD_NEXT, "free");
+    if (p && ((uintptr_t)p & 63) == 0) { char b[48]; logline(b, snprintf(b, sizeof b, "f %p\n", p)); }
+    real_free(p);
+}
+"""
+
+
+def build_shim(directory: str) -> str:
+    """SHIM_C compiled into `directory`; its path."""
+    src, lib = Path(directory) / "alloc_log.c", Path(directory) / "alloc_log.so"
+    src.write_text(SHIM_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(src), "-ldl"], check=True)
+    return str(lib)
+
+
+def measure_threads(req: Any, shim: str, timeout_s: float = 600.0) -> list[tuple[Any, int]]:
+    """Every rank of `req` on real gloo ranks, as advisor.parallel.measure.measure_ranks runs them, under `shim`:
+    per rank (its RankMeasure, with the profiler's figure; the live tensor bytes of all its threads, replayed)."""
+    from advisor.measure import PROFILED_MMAP_THRESHOLD
+    from advisor.parallel.measure import RankMeasure, _wait_all, free_port
+    from advisor.procmem import malloc_env
+
+    world = req.layout.world
+    env = dict(malloc_env(PROFILED_MMAP_THRESHOLD), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), LD_PRELOAD=shim)
+    with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as out:
+        procs = [subprocess.Popen([sys.executable, __file__, "--rank", req.model_dump_json()],
+                                  env=dict(env, RANK=str(r), LOCAL_RANK=str(r), ADVISOR_RANK_OUT=f"{out}/{r}"),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                 for r in range(world)]
+        errors = _wait_all(procs, timeout_s)
+        if errors:
+            raise RuntimeError(f"{req.workload} ({req.layout.label()}): {errors[0]}")
+        return [(RankMeasure.model_validate_json(Path(f"{out}/{r}").read_text()),
+                 int(Path(f"{out}/{r}.threads").read_text())) for r in range(world)]
+
+
+def rank_main(req_json: str) -> None:
+    """One rank of `measure_threads`: advisor.parallel.measure.run_rank, the shim logging from the profiler's start
+    to its stop (the build and the measured steps), then the log's replay."""
+    import torch.profiler
+
+    from advisor.parallel.measure import RankMeasureRequest, run_rank
+
+    out = os.environ["ADVISOR_RANK_OUT"]
+    log = out + ".log"
+
+    class Logged(torch.profiler.profile):
+        def __enter__(self) -> Any:
+            entered = super().__enter__()
+            os.environ["ADVISOR_ALLOC_LOG"] = log
+            return entered
+
+        def __exit__(self, *exc: Any) -> Any:
+            os.environ.pop("ADVISOR_ALLOC_LOG", None)
+            return super().__exit__(*exc)
+
+    torch.profiler.profile = Logged  # run_rank imports it when it runs
+    result = run_rank(RankMeasureRequest.model_validate_json(req_json))
+    Path(out).write_text(result.model_dump_json())
+    Path(out + ".threads").write_text(str(replay_log(log)))
+    sys.stdout.flush()
+    time.sleep(0.2)  # trial.GLOO_EXIT_PAUSE_S: gloo's workers finish freeing before the interpreter goes
+    os._exit(0)
+
+
+def replay_log(path: str) -> int:
+    """Peak of the live bytes of the storages a shim log records, its calls replayed in order."""
+    live: dict[str, int] = {}
+    cur = peak = 0
+    with open(path) as f:
+        for line in f:
+            kind, *rest = line.split()
+            if kind == "m":
+                live[rest[1]] = int(rest[0])
+                cur += int(rest[0])
+                peak = max(peak, cur)
+            else:
+                cur -= live.pop(rest[0], 0)
+    return peak
 
 
 def _rel(estimate: float, measured: float) -> float:
@@ -127,10 +244,12 @@ def summary(results: list[dict]) -> dict[str, Any]:
     ranks = [r for c in results for r in c["ranks"]]
     errors = [abs(r["error"]) for r in ranks]
     alone = [abs(r["error_alone"]) for r in ranks]
+    prof = [abs(r["error_profiler"]) for r in ranks]
     comm = [abs(e) for r in ranks for e in r["comm_error"].values()]
     med, mx, cmax = statistics.median(errors), max(errors), max(comm, default=0.0)
     return {"ranks": len(errors), "median": med, "max": mx, "comm_max": cmax,
             "alone_median": statistics.median(alone), "alone_max": max(alone),
+            "profiler_median": statistics.median(prof), "profiler_max": max(prof),
             "spread_median": statistics.median(r["spread"] for r in ranks),
             "spread_max": max(r["spread"] for r in ranks),
             "met": med <= GOAL_MEDIAN and mx <= GOAL_MAX and cmax <= GOAL_COMM}
@@ -140,36 +259,45 @@ def markdown(results: list[dict], s: dict[str, Any], meta: dict[str, Any]) -> st
     pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
     where = f"{meta['machine']['cpu']}, {meta['cpu_count']} CPUs"
     lines = [f"`{meta['command']}` on {meta['commit']}, {where}, {meta['date']}.", "",
-             f"Allocated peak per rank (the profiler's, lowest of {meta['runs']} runs) against the estimate: median "
-             f"{pct(s['median'])}, max {pct(s['max'])} over {s['ranks']} ranks (goal {pct(GOAL_MEDIAN)} / "
-             f"{pct(GOAL_MAX)}); collective bytes max error {100 * s['comm_max']:.2f}% (goal {pct(GOAL_COMM)}): "
-             f"{'met' if s['met'] else 'not met'}. Against each rank's program alone (collectives returning at once): "
-             f"median {pct(s['alone_median'])}, max {pct(s['alone_max'])}. Run-to-run spread of the profiler's peak: "
-             f"median {pct(s['spread_median'])}, max {pct(s['spread_max'])}.", "",
+             f"Allocated peak per rank (the live tensor bytes of all its threads, lowest of {meta['runs']} runs) "
+             f"against the estimate: median {pct(s['median'])}, max {pct(s['max'])} over {s['ranks']} ranks (goal "
+             f"{pct(GOAL_MEDIAN)} / {pct(GOAL_MAX)}); collective bytes max error {100 * s['comm_max']:.2f}% (goal "
+             f"{pct(GOAL_COMM)}): {'met' if s['met'] else 'not met'}. Against each rank's program alone (collectives "
+             f"returning at once): median {pct(s['alone_median'])}, max {pct(s['alone_max'])}. Against the "
+             f"profiler's figure of the same runs (blind to the frees of gloo's worker threads): median "
+             f"{pct(s['profiler_median'])}, max {pct(s['profiler_max'])}. Run-to-run spread of the peak: median "
+             f"{pct(s['spread_median'])}, max {pct(s['spread_max'])}.", "",
              f"llama-70b at tp 8 x pp 4 x dp 2 (zero3), bf16, batch 8, on h100-sxm:64: estimated in "
              f"{s['speed']['estimate_s']:.2f} s ({s['speed']['method']}; goal {GOAL_SPEED_S:.0f} s: "
              f"{'met' if s['speed']['met'] else 'not met'}), after {s['speed']['imports_s']:.1f} s of imports.", "",
-             "| case | layout | error vs lowest run, per rank | vs the rank alone | spread of runs "
-             "| comm max error |",
-             "|---|---|---|---|---|---|"]
+             "| case | layout | error vs lowest run, per rank | vs the rank alone | vs the profiler's figure "
+             "| spread of runs | comm max error |",
+             "|---|---|---|---|---|---|---|"]
     for c in results:
         errs = " ".join(f"{100 * r['error']:+.1f}" for r in c["ranks"])
         alone = " ".join(f"{100 * r['error_alone']:+.1f}" for r in c["ranks"])
+        prof = " ".join(f"{100 * r['error_profiler']:+.1f}" for r in c["ranks"])
         spread = max(r["spread"] for r in c["ranks"])
         comm = max((abs(e) for r in c["ranks"] for e in r["comm_error"].values()), default=0.0)
-        lines.append(f"| {c['case']} | {c['layout']} | {errs} | {alone} | {pct(spread)} | {100 * comm:.2f}% |")
+        lines.append(f"| {c['case']} | {c['layout']} | {errs} | {alone} | {prof} | {pct(spread)} "
+                     f"| {100 * comm:.2f}% |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", choices=["all", "quick"], default="all")
-    parser.add_argument("--runs", type=int, default=3, help="profiled runs per case (the lowest is compared)")
+    parser.add_argument("--runs", type=int, default=3, help="measured runs per case (the lowest is compared)")
     parser.add_argument("--out", default=str(ROOT / "bench/results/parallel-accuracy.json"))
+    parser.add_argument("--rank", help=argparse.SUPPRESS)  # one rank of measure_threads: its request (JSON)
     args = parser.parse_args()
+    if args.rank is not None:
+        rank_main(args.rank)
     from rich.progress import track
 
-    results = [run_case(*c, runs=args.runs) for c in track(cases(args.cases), description="cases")]
+    with tempfile.TemporaryDirectory(prefix="advisor-shim-") as d:
+        shim = build_shim(d)
+        results = [run_case(*c, runs=args.runs, shim=shim) for c in track(cases(args.cases), description="cases")]
     from bench.estimate_accuracy import machine
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout

@@ -36,7 +36,8 @@ class RankEstimate(BaseModel):
 
 
 class LayoutEstimate(BaseModel):
-    """The estimator's answer for a parallel layout: one RankEstimate per pipeline rank."""
+    """The estimator's answer for a parallel layout: one RankEstimate per pipeline rank (two where gloo's scatter
+    stages a copy on the tensor-parallel root alone)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -104,9 +105,8 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
     a model that is not a decoder), EstimateError where it cannot be traced."""
     from advisor.estimate.estimator import _local_cpu, _margin, _resolve
     from advisor.estimate.model import EstimateOptions
-    from advisor.estimate.offload import host_bytes, offload_problem, offloads, on_device
+    from advisor.estimate.offload import offload_problem, offloads
     from advisor.estimate.rank_trace import trace_rank
-    from advisor.estimate.strategy import peak_breakdown
 
     t0 = time.perf_counter()
     wl, hw = _resolve(workload, hardware, workload_args)
@@ -124,6 +124,7 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
     split = layout.split(wl.decoder.layers) if wl.decoder is not None else ()
     ranks, notes, runtime = [], [], 0
     method = layout_method(wl, layout, method)
+    rt = None
     for pp_rank in range(layout.pp):
         rank = pp_rank * (layout.world // layout.pp)  # dp 0, cp 0, tp 0 of this pipeline rank
         if method == "analytic":
@@ -136,20 +137,17 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
                             optimizer_impl=_impl(req, hw.device_type), checkpointing=req.checkpointing,
                             cpu_workspaces=_local_cpu(hw), gloo=not cuda, grad_accum=grad_accum)
             trace, comm = rt.trace, rt.comm_bytes
-        host, trace = host_bytes(trace, req), on_device(trace, req)
-        allocated, parts = peak_breakdown(trace.curve)
-        total, runtime = allocated, 0
-        if cuda:
-            from advisor.estimate.overhead import cuda_overhead
-
-            ov = cuda_overhead(trace, allocated)
-            total, allocated, runtime = ov.total, ov.allocated, ov.runtime
-        stages = [pp_rank + v * layout.pp for v in range(layout.virtual_stages)]
         members = [r for r in range(layout.world) if layout.coords(r)["pp"] == pp_rank]
-        parts["overhead"] = max(total - sum(parts.values()), 0)
-        ranks.append(RankEstimate(ranks=members, stages=stages, layers=sum(split[s] for s in stages) if split else 0,
-                                  total_bytes=total, allocated_bytes=allocated, breakdown=Breakdown(**parts),
-                                  comm_bytes=comm, fits=total + runtime <= usable, host_bytes=host))
+        # gloo's scatter stages a flat copy on its root (tp 0) only: the stage's other tp ranks get the peers' trace
+        groups = [(members, trace)] if rt is None or rt.peer_trace is None else [
+            ([r for r in members if layout.coords(r)["tp"] == 0], trace),
+            ([r for r in members if layout.coords(r)["tp"] != 0], rt.peer_trace)]
+        stages = [pp_rank + v * layout.pp for v in range(layout.virtual_stages)]
+        layers = sum(split[s] for s in stages) if split else 0
+        for group, group_trace in groups:
+            estimate, runtime = _rank_estimate(group_trace, req, cuda, usable, ranks=group, stages=stages,
+                                               layers=layers, comm_bytes=comm)
+            ranks.append(estimate)
     num_params = _param_count(wl, meta)
     if cuda:
         notes.append("NCCL's communicator buffers are not counted")
@@ -164,6 +162,26 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
                           device_memory_bytes=hw.memory_per_device_bytes, usable_bytes=usable,
                           fits=all(r.fits for r in ranks), runtime_bytes=runtime if cuda else 0,
                           num_params=num_params, notes=notes, seconds=time.perf_counter() - t0)
+
+
+def _rank_estimate(trace: Any, req: EstimateRequest, cuda: bool, usable: int,
+                   **fields: Any) -> tuple[RankEstimate, int]:
+    """(The RankEstimate of the ranks whose peak `trace` is, the CUDA context's bytes (0 on a CPU)); `fields`:
+    RankEstimate's ranks, stages, layers and comm_bytes."""
+    from advisor.estimate.offload import host_bytes, on_device
+    from advisor.estimate.strategy import peak_breakdown
+
+    host, trace = host_bytes(trace, req), on_device(trace, req)
+    allocated, parts = peak_breakdown(trace.curve)
+    total, runtime = allocated, 0
+    if cuda:
+        from advisor.estimate.overhead import cuda_overhead
+
+        ov = cuda_overhead(trace, allocated)
+        total, allocated, runtime = ov.total, ov.allocated, ov.runtime
+    parts["overhead"] = max(total - sum(parts.values()), 0)
+    return RankEstimate(total_bytes=total, allocated_bytes=allocated, breakdown=Breakdown(**parts),
+                        fits=total + runtime <= usable, host_bytes=host, **fields), runtime
 
 
 def layout_method(wl: Any, layout: Layout, method: str) -> Literal["traced", "analytic"]:

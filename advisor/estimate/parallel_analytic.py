@@ -19,6 +19,7 @@ every parameter's dim 0 split into dp padded chunks, each block of a stage that 
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy
@@ -296,7 +297,8 @@ def _data_comm(out: dict[str, int], arch: DecoderArch, layout: Layout, d: RankDi
         out["all_reduce"] += sum(2 * st.layers + st.last for st in stages) * norms * d.r
 
 
-def _gathers(layout: Layout, pp_rank: int, count: int) -> list[int]:
+@functools.lru_cache(maxsize=4096)  # the planner sizes the same layouts' stages many times
+def _gathers(layout: Layout, pp_rank: int, count: int) -> tuple[int, ...]:
     """All-gathers per FSDP unit of each local stage in a step: a forward or backward that finds the unit sharded
     gathers it; ZeRO-3 reshards after each forward, and after each backward without pp (pipelining keeps the
     parameters until its last backward); ZeRO-2 keeps them until the step's backward ends."""
@@ -305,7 +307,7 @@ def _gathers(layout: Layout, pp_rank: int, count: int) -> list[int]:
     for kind, i in schedule_order(layout, pp_rank):
         counts[i] += not gathered[i]
         gathered[i] = (kind == "B" and layout.pp > 1) or (kind == "F" and not zero3)
-    return counts
+    return tuple(counts)
 
 
 def analytic_rank_trace(arch: DecoderArch, layout: Layout, pp_rank: int, request: EstimateRequest, *,

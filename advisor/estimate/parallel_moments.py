@@ -8,6 +8,7 @@ the stage figures these moments add up.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from advisor.config import Checkpointing, OptimizerKind, Strategy
@@ -71,19 +72,26 @@ class StepKnobs:
     offload_params: bool = False  # zero3: the sharded parameters, and gradients once reduce-scattered, on the host
 
 
-def schedule_order(layout: Layout, pp_rank: int) -> list[tuple[str, int]]:
+def schedule_order(layout: Layout, pp_rank: int) -> tuple[tuple[str, int], ...]:
     """This rank's forwards ("F") and backwards ("B") of micro-batches in the order its schedule runs them, each with
     the local stage it runs on (torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B)."""
-    n, pp = layout.n_microbatches, layout.pp
+    return _schedule_order(layout.n_microbatches, layout.pp, layout.schedule, layout.virtual_stages, pp_rank)
+
+
+@functools.lru_cache(maxsize=4096)  # the planner asks for the same few schedules thousands of times
+def _schedule_order(n: int, pp: int, schedule: PipelineSchedule, v: int, pp_rank: int) -> tuple[tuple[str, int], ...]:
+    return tuple(_order(n, pp, schedule, v, pp_rank))
+
+
+def _order(n: int, pp: int, schedule: PipelineSchedule, v: int, pp_rank: int) -> list[tuple[str, int]]:
     if pp == 1:
         return [("F", 0), ("B", 0)]
-    if layout.schedule == PipelineSchedule.gpipe:
+    if schedule == PipelineSchedule.gpipe:
         return [("F", 0)] * n + [("B", 0)] * n
-    if layout.schedule == PipelineSchedule.one_f_one_b:
+    if schedule == PipelineSchedule.one_f_one_b:
         warm = min(n, pp - pp_rank)  # the last stage runs one forward ahead, the first pp
         steady = [op for _ in range(n - warm) for op in (("B", 0), ("F", 0))]
         return [("F", 0)] * warm + steady + [("B", 0)] * warm
-    v = layout.virtual_stages
     per_round = n // max(1, n // pp)
     warm = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), n * v)  # torch's _get_warmup_ops
 
@@ -121,6 +129,8 @@ class RankMemory:
         self.padded = [[sum(-(-a // dp) * dp * b for a, b in u) * d.r for u in st.units] for st in stages]
         self.sharded = [[p // dp if self.fsdp else w for p, w in zip(ps, ws)]  # each unit at rest
                         for ps, ws in zip(self.padded, self.units)]
+        self.whole = [sum(u) for u in self.units]  # each stage's units unsharded (bytes)
+        self.at_shards = [sum(u) for u in self.sharded]  # each stage's units at rest (bytes)
         self.state = state_bytes(shapes, optimizer, d.r)
         if optimizer == OptimizerKind.sgd_momentum and not self.fsdp:  # its buffer clones the (whole-table) gradient
             self.state += sum(st.grad_extra for st in stages)
@@ -163,42 +173,53 @@ class RankMemory:
         last micro-step of an accumulating step, `held`): FSDP keeps them unsharded until the step's reduce-scatter
         under pp (every backward but the last skips it), else shards them after each backward of the step's last
         micro-step (the earlier ones accumulate them unsharded)."""
-        total = 0
-        for i, st in enumerate(self.stages):
-            ran = final or self.backwards[i] > 0
-            if ran or self.held:
-                whole = sum(self.units[i])
-                reduced = final or (ran and not self.d.pp)
-                total += sum(self.sharded[i]) if self.fsdp and reduced else whole + st.grad_extra
-        return total
+        if not final:
+            return self.sums[1]
+        return sum(self._stage_grads(i, final=True) for i in range(len(self.stages)))
+
+    def _stage_grads(self, i: int, final: bool) -> int:
+        ran = final or self.backwards[i] > 0
+        if not (ran or self.held):
+            return 0
+        reduced = final or (ran and not self.d.pp)
+        return self.at_shards[i] if self.fsdp and reduced else self.whole[i] + self.stages[i].grad_extra
 
     def _schedule(self) -> list[dict[str, int]]:
         count = len(self.stages)
         self.inflight, self.forwards, self.backwards = [0] * count, [0] * count, [0] * count
         self.gathered = [False] * count  # FSDP: the stage's units unsharded
+        # each stage's share of _acts, _grads and the gathered units now, and their sums, kept as the schedule runs
+        self.shares = [(0, 0, 0)] * count
+        self.sums = [0, 0, 0]
+        for i in range(count):
+            self._touch(i)
         out: list[dict[str, int]] = []
         for kind, i in schedule_order(self.layout, self.pp_rank):
             out += self._forward(i) if kind == "F" else self._backward(i)
         return out
 
+    def _touch(self, i: int) -> None:
+        """Stage i's counts changed: its shares, and their sums, again."""
+        st, k, fwd, bwd = self.stages[i], self.inflight[i], self.forwards[i], self.backwards[i]
+        hidden = self.d.b * self.d.s * self.arch.hidden * self.d.r * self.d.pp
+        grads = min(bwd, 1) if self.layout.schedule == PipelineSchedule.one_f_one_b else bwd
+        outputs = fwd - k if self.layout.schedule == PipelineSchedule.interleaved_1f1b else 0
+        acts = st.saved * k + hidden * (grads * (not st.first) + outputs * (not st.last))
+        share = (acts, self._stage_grads(i, final=False), self.whole[i] if self.gathered[i] else 0)
+        self.sums = [total - old + new for total, old, new in zip(self.sums, self.shares[i], share)]
+        self.shares[i] = share
+
     def _acts(self) -> int:
         """Saved bytes of the micro-batches in flight, and the hidden states a send still holds: 1F1B's keeps a
         stage's last input gradient until the next backward's; GPipe's every input gradient until the step ends;
         the interleaved schedule's runtime every output and input gradient it sent until the step ends."""
-        hidden = self.d.b * self.d.s * self.arch.hidden * self.d.r * self.d.pp
-        schedule = self.layout.schedule
-        total = 0
-        for st, k, fwd, bwd in zip(self.stages, self.inflight, self.forwards, self.backwards):
-            grads = min(bwd, 1) if schedule == PipelineSchedule.one_f_one_b else bwd
-            outputs = fwd - k if schedule == PipelineSchedule.interleaved_1f1b else 0
-            total += st.saved * k + hidden * (grads * (not st.first) + outputs * (not st.last))
-        return total
+        return self.sums[0]
 
     def _now(self, acts: int, extra: int, unsharded: int = 0, copies: bool = True, freed: int = 0,
              grads: int = 0) -> dict[str, int]:
         """The moment's parts: `copies`, whether autocast's weight copies are alive (less `freed` bytes of them);
         `grads`, gradient bytes beyond those of the stages whose backward ran."""
-        gathered = sum(sum(u) for u, g in zip(self.units, self.gathered) if g)
+        gathered = self.sums[2]
         return self._moment(gathered + unsharded, self._grads() + grads, acts, extra,
                             self.copies * copies - freed)
 
@@ -210,6 +231,7 @@ class RankMemory:
         self.forwards[i] += 1
         if self.fsdp:  # ZeRO-3 reshards each unit after its forward, ZeRO-2 keeps them until the backward's end
             self.gathered[i] = not self.zero3
+        self._touch(i)
         if st.last:
             acts = self._acts()
             now = (self.units[i][-1] * self.zero3 + self._gather_buffer(i)) * self.fsdp
@@ -235,6 +257,7 @@ class RankMemory:
         self.inflight[i] -= 1
         self.backwards[i] += 1
         self.gathered[i] = self.fsdp and self.d.pp  # pipelining keeps FSDP's units gathered until the step
+        self._touch(i)
         late = self.d.autocast and self.d.pp
         end = st.linear * self.d.c + max(st.embed_grad, st.largest) if late else st.embed_grad
         out.append(self._now(self._acts(), end * again, copies=self.d.pp))

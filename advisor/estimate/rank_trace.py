@@ -32,12 +32,16 @@ from advisor.workload import Workload
 
 @dataclass
 class RankTrace:
-    """One rank's trace, where it sits in the mesh, and its collectives' payload bytes per step by kind."""
+    """One rank's trace, where it sits in the mesh, and its collectives' payload bytes per step by kind.
+    `peer_trace`: on gloo, where this rank's build scatters tensors to its tensor-parallel peers (a workload built
+    whole, then sharded: the root is tp 0), the peers' trace: the same less the root's own staging (GlooStaging);
+    else None."""
 
     rank: int
     coords: dict[str, int]
     trace: Trace
     comm_bytes: dict[str, int]
+    peer_trace: Trace | None = None
 
 
 def trace_rank(workload: Workload, layout: Layout, rank: int, batch_size: int, *, precision: Precision,
@@ -56,14 +60,14 @@ def trace_rank(workload: Workload, layout: Layout, rank: int, batch_size: int, *
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from advisor.parallel.comm import CommCounter
+    from advisor.parallel.comm import CommCounter, GlooStaging
     from advisor.parallel.program import make_mesh
 
     if fake and dist.is_initialized():
         raise EstimateError("a rank's trace makes its own fake process group; this process is already in one")
     t0 = time.perf_counter()
     tracker = _new_tracker(precision, fake, cpu_workspaces, False, "cpu", None)
-    tracker.comm = CommCounter()
+    tracker.comm = GlooStaging(tracker.scratch) if gloo else CommCounter()
     tracker.gloo = gloo
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     if fake:
@@ -72,7 +76,7 @@ def trace_rank(workload: Workload, layout: Layout, rank: int, batch_size: int, *
         mesh = make_mesh(layout, "cpu")
         with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), \
                 _run_contexts(tracker, precision, "cpu", fake), _resizes_tracked(tracker), _meshes_outside_modes(), \
-                static_pipeline() if fake else contextlib.nullcontext():
+                static_pipeline(gloo) if fake else contextlib.nullcontext():
             program, sizes, comm = _run(workload, layout, rank, batch_size, tracker, fake_mode, mesh,
                                         grad_accum=grad_accum, precision=precision, optimizer=optimizer,
                                         optimizer_impl=optimizer_impl, checkpointing=checkpointing)
@@ -87,7 +91,12 @@ def trace_rank(workload: Workload, layout: Layout, rank: int, batch_size: int, *
             dist.destroy_process_group()
             _forget_meshes()
     trace = _trace_of(tracker, **sizes, flops_per_step=0, seconds=time.perf_counter() - t0)
-    return RankTrace(rank=rank, coords=program.coords, trace=trace, comm_bytes=comm)
+    peer_trace = None
+    if getattr(tracker.comm, "staged", None):
+        for aid in tracker.comm.staged:  # the scatters' receivers make no flat copy
+            tracker.nbytes[aid] = 0
+        peer_trace = _trace_of(tracker, **sizes, flops_per_step=0, seconds=time.perf_counter() - t0)
+    return RankTrace(rank=rank, coords=program.coords, trace=trace, comm_bytes=comm, peer_trace=peer_trace)
 
 
 def _run(workload: Workload, layout: Layout, rank: int, batch_size: int, tracker: Tracker, fake_mode: Any,
@@ -176,10 +185,11 @@ def _meshes_outside_modes():
 
 
 @contextlib.contextmanager
-def static_pipeline():
+def static_pipeline(gloo: bool = False):
     """Every stage gives its input and output shapes (advisor/parallel/pipeline.py), so a pipeline schedule's
     warm-up vote, which asks the other ranks whether they did too and reads the answer's value, is settled here
-    as they would settle it: static shapes, no vote. A fake process group carries no answer to read."""
+    as they would settle it: static shapes, no vote. A fake process group carries no answer to read. `gloo`: the
+    sends are gloo's, which hold their tensors for the work's life, not until its wait (`_HeldWork`)."""
     from torch.distributed.pipelining import schedules
     from torch.distributed.pipelining._utils import InferenceMode
 
@@ -191,7 +201,7 @@ def static_pipeline():
 
     schedules._PipelineSchedule._warmup_p2p = warmup
     batch_p2p = schedules._batch_p2p
-    schedules._batch_p2p = lambda ops, desc=None: _held_until_waited(batch_p2p(ops, desc), ops)
+    schedules._batch_p2p = lambda ops, desc=None: _held_until_waited(batch_p2p(ops, desc), ops, gloo)
     try:
         yield
     finally:
@@ -200,25 +210,28 @@ def static_pipeline():
 
 
 class _HeldWork:
-    """A real process group's send keeps its tensor until the send is waited on; a fake one's lets it go at once. The
-    schedule's sends are held so, the tensors with the first of their batch's works, until it is waited on."""
+    """A real process group's send keeps its tensor until the send is waited on (NCCL), or for as long as the
+    work itself lives (gloo: ProcessGroupGloo::SendWork holds it as a member, and a schedule keeps its waited
+    sends' works until its next send); a fake one's lets it go at once. The schedule's sends are held so, the
+    tensors with the first of their batch's works."""
 
-    def __init__(self, work: Any, tensors: list) -> None:
-        self.work, self.tensors = work, tensors
+    def __init__(self, work: Any, tensors: list, gloo: bool = False) -> None:
+        self.work, self.tensors, self.gloo = work, tensors, gloo
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self.tensors = []
+        if not self.gloo:
+            self.tensors = []
         return self.work.wait(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.work, name)
 
 
-def _held_until_waited(works: list, ops: list) -> list:
+def _held_until_waited(works: list, ops: list, gloo: bool = False) -> list:
     import torch.distributed as dist
 
     sends = [op.tensor for op in ops if op.op is dist.isend]
-    return [_HeldWork(works[0], sends), *works[1:]] if works and sends else works
+    return [_HeldWork(works[0], sends, gloo), *works[1:]] if works and sends else works
 
 
 def _forget_meshes() -> None:

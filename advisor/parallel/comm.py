@@ -117,3 +117,26 @@ class CommCounter:
     def per_step(self, steps: int) -> dict[str, int]:
         """Bytes per kind divided by `steps` (rounded), the kinds with none left out."""
         return {k: round(v / max(steps, 1)) for k, v in sorted(self.bytes.items()) if v}
+
+
+class GlooStaging(CommCounter):
+    """A CommCounter that also records, through `scratch` (Tracker.scratch: blocks held while an op runs), the
+    tensors gloo makes through torch's allocator on the calling thread as a collective is called (a CPU target's
+    ranks): a scatter's root flattens its scatter list into a new tensor of the same bytes as it enqueues the work
+    (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, AsyncScatterWork::getInputTensors: newLikeFlat(inputs[0])),
+    and drops it at once. Counted for every scatter, 0 bytes on the ranks that receive; `staged`: the allocation
+    ids of those of some bytes."""
+
+    def __init__(self, scratch: Any) -> None:
+        super().__init__()
+        self.scratch = scratch
+        self.staged: list[int] = []
+
+    def record(self, func: Any, args: tuple, kwargs: dict | None) -> tuple[str, int] | None:  # noqa: D102
+        if func.namespace == "c10d" and func._opname == "scatter_":
+            # (output_tensors, input_tensors: [scatter list] on the root, [] elsewhere, group, root, ...)
+            lists = args[1] if len(args) > 1 else []
+            nbytes = len(lists[0]) * _local_bytes(lists[0][0]) if lists and lists[0] else 0
+            aids = self.scratch(nbytes)
+            self.staged += aids if nbytes else []
+        return super().record(func, args, kwargs)

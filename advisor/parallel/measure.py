@@ -148,7 +148,7 @@ def run_rank(req: RankMeasureRequest) -> RankMeasure:
     profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True) if not cuda else None
     from advisor.estimate.rank_trace import static_pipeline
 
-    with profiler or contextlib.nullcontext(), static_pipeline() if sync else contextlib.nullcontext():
+    with profiler or contextlib.nullcontext(), static_pipeline(gloo=not cuda) if sync else contextlib.nullcontext():
         program = build_program(workload, req.layout, rank=rank, device_type=req.device, device=device,
                                 precision=req.precision, optimizer=req.optimizer, optimizer_impl=req.optimizer_impl,
                                 checkpointing=req.checkpointing, batch_size=req.batch_size)

@@ -104,6 +104,38 @@ def test_tensor_parallel_shards_the_parameters() -> None:
         assert 0.5 <= b.breakdown.parameters / a.breakdown.parameters < 0.52
 
 
+def test_a_gloo_scatter_root_holds_a_flat_copy_of_each_tensor_it_scatters() -> None:
+    # an MLP is built whole on every rank and tensor parallel scatters its weights from tp 0; at tp 4 the build sets
+    # the peak: the whole model, with gloo's flat copy of the 1024 x 1024 weight beside it on the root only
+    from advisor.config import OptimizerKind, Precision
+    from advisor.estimate.rank_trace import trace_rank
+    from advisor.estimate.strategy import peak_breakdown
+
+    mlp = load_workload("mlp", {"in_features": 512, "hidden": 1024, "layers": 4, "classes": 10})
+    traced = {gloo: trace_rank(mlp, Layout(tp=4), 0, 8, precision=Precision.fp32, optimizer=OptimizerKind.adamw,
+                               gloo=gloo) for gloo in (True, False)}
+    root, peers = (peak_breakdown(t.curve)[0] for t in (traced[True].trace, traced[True].peer_trace))
+    assert abs(root - peers - 1024 * 1024 * 4) <= 16, (root, peers)  # fp32; a scalar or two apart
+    assert traced[False].peer_trace is None
+    assert abs(peak_breakdown(traced[False].trace.curve)[0] - peers) <= 16
+
+
+def test_a_gloo_send_holds_its_tensor_while_the_schedule_holds_its_work() -> None:
+    # 1F1B keeps its last warm-up send's work (waited) until after the steady phase, and gloo's send work holds its
+    # tensor as long as it lives: on the third of four stages, one micro-batch's stage output more at the peak
+    from advisor.config import OptimizerKind, Precision
+    from advisor.estimate.rank_trace import trace_rank
+    from advisor.estimate.strategy import peak_breakdown
+
+    shape = {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "vocab": 4096, "seq_len": 128}
+    layout, batch = Layout(pp=4), 8
+    peaks = [peak_breakdown(trace_rank(load_workload("decoder", shape), layout, 2, batch, precision=Precision.fp32,
+                                       optimizer=OptimizerKind.adamw, gloo=gloo).trace.curve)[0]
+             for gloo in (True, False)]
+    held = batch // layout.n_microbatches * 128 * 256 * 4  # fp32 (micro-batch, tokens, hidden)
+    assert abs(peaks[0] - peaks[1] - held) <= 16, peaks  # a scalar or two apart
+
+
 @pytest.mark.parametrize("layout, world, problem", [
     (Layout(tp=3), 3, "tp 3 does not divide heads 4"),
     (Layout(pp=8), 8, "at most 4 stages"),
