@@ -26,7 +26,7 @@ def what_would_fit(arch: DecoderArch, hw: HardwareSpec, global_batch: int, fixed
     for knob, value in fixed.given().items():
         config = fitting(arch, hw, global_batch, fixed.without(knob), usable)
         if config is not None:
-            out.append(f"without --fix {knob}={value}, it fits on {hw.world_size} devices: {_describe(config)}")
+            out.append(f"without holding {knob}={value}, it fits on {hw.world_size} devices: {_describe(config)}")
     if not out:
         out.append(f"nothing fits on up to {MAX_NODES} nodes of {hw.devices_per_node} {hw.accelerator.name}, even "
                    "with full checkpointing, micro-batches of 1 and the optimizer offloaded")

@@ -151,7 +151,7 @@ def search(target: Target, global_batch: int, fixed: FixedKnobs, board: Board, k
     modes = [fixed.checkpointing] if fixed.checkpointing is not None else list(CHECKPOINTING)
     fams = list(families(target.arch, target.hw, global_batch, fixed, why))
     if not fams:
-        raise SpecError(why.first or f"no configuration on {_label(target.hw)} satisfies --fix "
+        raise SpecError(why.first or f"no configuration on {_label(target.hw)} satisfies the held knobs "
                         f"{' '.join(f'{k}={v}' for k, v in fixed.given().items())}")
     # pipelines last, interleaved ones after the rest: their memory costs the most to compute (a walk through
     # the schedule), and by then the board holds the best of the others
@@ -248,7 +248,7 @@ def targets(request: PlanRequest) -> list[HardwareSpec]:
             out.append(hw)
             continue
         if hw.nodes > 1 or ":" not in spec:
-            raise SpecError(f"-H {spec} with --nodes: give the devices per node only, e.g. "
+            raise SpecError(f"hardware {spec} with a node range: give the devices per node only, e.g. "
                             f"{hw.accelerator.name}:8")
         try:
             out += [hw.model_copy(update={"nodes": n}) for n in range(request.nodes[0], request.nodes[1] + 1)]

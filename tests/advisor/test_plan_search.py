@@ -101,7 +101,7 @@ def test_a_held_knob_in_the_way_is_named():
     result = plan(PlanRequest(workload="llama-8b", hardware=["h100-sxm:8"],
                               fixed=parse_fixes(["tp=1", "pp=1", "cp=1", "strategy=ddp"])))
     assert not result.fits
-    assert any(line.startswith("without --fix strategy=ddp, it fits") for line in result.what_would_fit)
+    assert any(line.startswith("without holding strategy=ddp, it fits") for line in result.what_would_fit)
 
 
 def test_node_ranges_rank_every_count_together():
