@@ -122,6 +122,50 @@ def predict(row: dict) -> dict:
             "breakdown": st.breakdown.model_dump()}
 
 
+def plan_quality(judged: list[dict]) -> list[dict]:
+    """For each published model, GPU count and batch: the planner's top plan against the published mesh run by the
+    advisor's program, both in pure bf16 (as the rows are predicted: Megatron's BF16 keeps bf16 parameters and
+    activations), and where they differ, the part of the step that the top plan saves most on."""
+    from advisor.errors import SpecError
+    from advisor.plan.knobs import FixedKnobs
+    from advisor.plan.model import PlanRequest
+    from advisor.plan.search import plan
+
+    out, seen = [], set()
+    for row in judged:
+        arch, hw, layout, knobs = case(row)
+        key = (json.dumps(arch.model_dump(), sort_keys=True), row["num_gpus"], row["gbs"])
+        if key in seen:
+            continue
+        seen.add(key)
+        target = f"h100-sxm:{hw.devices_per_node}x{hw.nodes}"
+        pure = FixedKnobs(precision=knobs["precision"])
+        top = plan(PlanRequest(arch=arch, hardware=[target], global_batch_size=row["gbs"], top=1,
+                               fixed=pure)).plans[0]
+        mesh = pure.model_copy(update=dict(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+                                           virtual_stages=layout.virtual_stages, micro_batch_size=row["mbs"],
+                                           checkpointing=knobs["checkpointing"]))
+        try:
+            theirs = plan(PlanRequest(arch=arch, hardware=[target], global_batch_size=row["gbs"], top=1, fixed=mesh))
+            pub, why = (theirs.plans[0] if theirs.plans and theirs.fits else None), None
+        except SpecError as exc:  # a mesh the advisor's program does not run (uneven pipeline stages, say)
+            pub, why = None, str(exc)
+        entry = {"model": row["model"], "gpus": row["num_gpus"], "gbs": row["gbs"], "top": top.config.label(),
+                 "top_mbs": top.config.micro_batch_size, "top_ckpt": top.config.checkpointing.value,
+                 "top_fits": top.fits, "top_tokens_per_s_per_device": top.tokens_per_s_per_device,
+                 "published": f"dp{layout.dp} tp{layout.tp} pp{layout.pp} cp{layout.cp} v{layout.virtual_stages} "
+                              f"mbs{row['mbs']} ckpt {knobs['checkpointing'].value}",
+                 "published_fits": pub is not None, "published_not_run": why,
+                 "published_tokens_per_s_per_device": pub.tokens_per_s_per_device if pub else None}
+        if pub is not None:
+            saved = {k: getattr(pub.breakdown, k) - getattr(top.breakdown, k)
+                     for k in ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s")}
+            entry["saves_most_on"] = max(saved, key=saved.get)
+            entry["at_least_published"] = top.tokens_per_s_per_device >= pub.tokens_per_s_per_device * (1 - 1e-9)
+        out.append(entry)
+    return out
+
+
 def spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v):
         order = sorted(range(len(v)), key=v.__getitem__)
@@ -170,7 +214,7 @@ def main() -> None:
         report["fit"] = fit(judged[0::2])
     results = [predict(r) for r in judged]
     report |= {"all": summary(results), "fit_half": summary(results[0::2]), "check_half": summary(results[1::2]),
-               "results": results}
+               "results": results, "plans": plan_quality(judged)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     text = markdown(report)
@@ -195,9 +239,31 @@ def markdown(report: dict) -> str:
               "Efficiencies as advisor/plan/steptime.py sets them (no fit in this run).", "",
               "Each model's configurations ordered by tokens/s per GPU, predicted against published (Spearman; goal "
               "≥ 0.8): " + ", ".join(f"{k} {v:.2f}" for k, v in a["spearman"].items()) + ".", "",
-              "Left out: " + "; ".join(f"{why} ({n} rows)" for why, n in sorted(report["left_out"].items())) + ".", "",
-              "| model | GPUs | configuration (`?`: recompute the source does not state) | published s | predicted s "
-              "| error | 6ND rule |", "|---|---|---|---|---|---|---|"]
+              "Left out: " + "; ".join(f"{why} ({n} rows)" for why, n in sorted(report["left_out"].items())) + "."]
+    plans = report["plans"]
+    compared = [p for p in plans if p["published_tokens_per_s_per_device"] is not None]
+    good = sum(bool(p["top_fits"] and p.get("at_least_published")) for p in compared)
+    lines += ["", " ".join([
+        f"Plan quality (goal: every one): of {len(plans)} published models and GPU counts, the published mesh run by",
+        f"the advisor's program fits for {len(compared)}, and for {good} of those the planner's top plan fits with a",
+        "predicted throughput at least the published mesh's (both in pure bf16, predicted by the same model; the",
+        "published mesh with the planner's choice of data-parallel strategy). Where the published mesh does not fit,",
+        "the advisor's program needs more memory than the published run did, or the mesh is one it does not run.",
+        "Where they differ, the part of the step the top plan saves most on:"]), "",
+              "| model | GPUs | batch | published mesh | its tokens/s/GPU | top plan | its tokens/s/GPU "
+              "| saves most on |",
+              "|---|---|---|---|---|---|---|---|"]
+    for p in plans:
+        theirs = p["published_tokens_per_s_per_device"]
+        faster = theirs and p["top_tokens_per_s_per_device"] > theirs * 1.001
+        saves = p.get("saves_most_on", "-").removesuffix("_s").replace("_", " ") if faster else "-"
+        shown = f"{theirs:,.0f}" if theirs else (f"not run here: {p['published_not_run']}" if p["published_not_run"]
+                                                 else "does not fit")
+        lines.append(f"| {p['model']} | {p['gpus']} | {p['gbs']} | {p['published']} | {shown} | {p['top']} mbs "
+                     f"{p['top_mbs']} ckpt {p['top_ckpt']}" + ("" if p["top_fits"] else " (does not fit)")
+                     + f" | {p['top_tokens_per_s_per_device']:,.0f} | {saves} |")
+    lines += ["", "| model | GPUs | configuration (`?`: recompute the source does not state) | published s "
+              "| predicted s | error | 6ND rule |", "|---|---|---|---|---|---|---|"]
     seen: dict[tuple, list[dict]] = {}
     for r in report["results"]:
         seen.setdefault((r["model"], r["gpus"], r["config"]), []).append(r)

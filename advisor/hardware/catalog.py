@@ -372,8 +372,8 @@ _ENTRIES: list[Accelerator] = [
     # bf16 runs (autocast on CPU) but gains nothing without AMX/AVX512-BF16, so its peak equals
     # fp32; fp16 autocast on CPU is not a supported training path.
     # Links: gloo over TCP, no NCCL figures apply. Within a node (loopback): gloo's all_reduce of 2 ranks on a
-    # quiet 2-CPU host moves 64 MiB at about 1.5 GB/s of bus bandwidth and a 4-byte tensor in 335-427 us over
-    # its 2 ring steps, ~200 us a step (bench/research/gloo_links.py, bench/results/archive/gloo_links.json).
+    # quiet 2-CPU host moves 64 MiB at 1.5-1.6 GB/s of bus bandwidth and a 4-byte tensor in 250-430 us over
+    # its 2 ring steps, 125-215 us a step (bench/research/gloo_links.py, bench/results/archive/gloo_links.json).
     # Between nodes: no measurement;
     # assumed 10 GbE (1.25 GB/s), the onboard NIC class of servers (DGX H100 carries a 10 Gb/s one), at the
     # loopback per-step latency as its floor. One CPU "device" per node.
