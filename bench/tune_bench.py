@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """Tuner benchmarks (issue 4, item 8): on a fixed knob grid per CPU preset, measured exhaustively
-once, how close the tuner (its default sampler: a screen, then TPE) gets to the grid's best within
-25% of the grid's trials, against TPE alone and random search with the same budget; tuned vs
-baseline speedup; orchestration overhead.
+`--repeats` times (each a brute-force study; a configuration's value is the mean of its measurements, so
+the grid's best is not one lucky run), how close the tuner (its default sampler: a screen of knobs and
+interacting pairs, then multivariate TPE) gets to the grid's best within 25% of the grid's trials,
+against TPE alone and random search with the same budget; tuned vs baseline speedup; orchestration
+overhead. A sampler's result is the grid's mean value of the best configuration it found.
 
-    .venv/bin/python bench/tune_bench.py [--quick] [--seeds N] [--presets image,transformer] [--keep-grids]
+    .venv/bin/python bench/tune_bench.py [--quick] [--seeds N] [--repeats R] [--presets image,transformer,interact]
+                                         [--keep-grids]
 
 Writes bench/results/tune.json and bench/results/tune.md (read by compose_benchmarks.py). Its own
 SQLite store (bench/results/tune.db, tune-quick.db with --quick) is created afresh each run
@@ -40,8 +43,12 @@ PRESETS: dict[str, tuple[str, dict[str, Any], str, str]] = {
               "tune-image.yaml", "tune-image-quick.yaml"),
     "transformer": ("tiny-gpt2", {"seq_len": 256, "vocab": 8192, "num_samples": 4096},
                     "tune-transformer.yaml", "tune-transformer-quick.yaml"),
+    # a larger grid (64) of knobs that act together, on a decoder small enough to measure it twice
+    "interact": ("tiny-gpt2", {"seq_len": 128, "vocab": 4096, "num_samples": 2048},
+                 "tune-interact.yaml", "tune-transformer-quick.yaml"),
 }
-TITLES = {"image": "Decode-heavy image preset", "transformer": "Small transformer"}
+TITLES = {"image": "Decode-heavy image preset", "transformer": "Small transformer",
+          "interact": "Interacting knobs (64 configurations)"}
 HARDWARE = "cpu"
 BUDGET_FRACTION = 0.25  # of the grid's configurations, baseline included
 GOAL_RATIO = 0.95  # of the grid's best throughput
@@ -85,49 +92,90 @@ def _progress(label: str):
 
 
 def tune(workload: str, args: dict[str, Any], space: Path, db: str, *, sampler: str, trials: int, seed: int,
-         study: str, verbose: bool) -> dict[str, Any]:
+         study: str, verbose: bool, remeasure: bool = False) -> dict[str, Any]:
     """One study through run_tune; what the benchmark keeps of its summary."""
     from advisor.tune import TuneRequest, run_tune
 
     req = TuneRequest(workload=workload, workload_args=args, hardware=HARDWARE, space=str(space), sampler=sampler,
-                      trials=trials, seed=seed, study=study, db=db, trial_budget=_budget())
+                      trials=trials, seed=seed, study=study, db=db, trial_budget=_budget(), remeasure=remeasure)
     summary = run_tune(req, on_result=_progress(study) if verbose else None)
     best = summary.best
-    return {"study": study, "sampler": sampler, "seed": seed, "trials": trials,
+    return {"study": study, "study_id": summary.study_id, "sampler": sampler, "seed": seed, "trials": trials,
+            "best_hash": best.record.config_hash if best else None,
             "configurations": sum(summary.statuses.values()), "statuses": summary.statuses,
             "best": best.value if best else None, "best_config": _changes(best.record.config) if best else None,
             "speedup": best.speedup if best else None,
             "baseline": getattr(summary.baseline, summary.metric) if summary.baseline else None,
+            "baseline_hash": summary.baseline.config_hash if summary.baseline else None,
             "metric": summary.metric, "wall_s": summary.wall_s, "trial_s": summary.trial_s,
             "stopped_because": summary.stats.get("stopped_because")}
 
 
-def bench_preset(key: str, quick: bool, seeds: int, db: str, run_tag: str,
+def measure_grid(key: str, space: Path, n: int, with_baseline: bool, db: str, repeats: int) -> dict[str, Any]:
+    """The grid by brute force, `repeats` times (later passes measure again what the store has); each
+    configuration's value is the mean of its passes' measurements."""
+    workload, args = PRESETS[key][:2]
+    trials = n if with_baseline else n + 1  # the baseline is always measured, in the grid or not
+    passes = []
+    for r in range(repeats):
+        run = tune(workload, args, space, db, sampler="brute-force", trials=trials, seed=0,
+                   study=f"{key}-grid" + (f"-r{r + 1}" if r else ""), verbose=True, remeasure=r > 0)
+        run["overhead"] = (run["wall_s"] - run["trial_s"]) / run["trial_s"] if run["trial_s"] else None
+        passes.append(run)
+    values, configs = _grid_values(db, [p["study_id"] for p in passes], passes[0]["metric"])
+    means = {h: statistics.fmean(v) for h, v in values.items()}
+    best_hash = max(means, key=means.get)
+    spread = [abs(v[0] - v[1]) / statistics.fmean(v[:2]) for v in values.values() if len(v) >= 2 and v[0] + v[1]]
+    first = passes[0]
+    base = first["baseline_hash"]
+    return {**{k: first[k] for k in ("study", "statuses", "wall_s", "trial_s", "overhead", "metric")},
+            "passes": [{k: p[k] for k in ("study", "statuses", "wall_s", "trial_s", "overhead", "best")}
+                       for p in passes],
+            "means": means, "best_hash": best_hash, "best": means[best_hash], "best_config": configs[best_hash],
+            "baseline": means.get(base), "speedup": means[best_hash] / means[base] if means.get(base) else None,
+            "spread": {"median": statistics.median(spread), "max": max(spread)} if spread else None}
+
+
+def _grid_values(db: str, study_ids: list[int], metric: str) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Config hash -> the ok measurements of it in these studies (study order), and -> its changed knobs."""
+    from advisor.store import open_store
+
+    values: dict[str, list[float]] = {}
+    configs: dict[str, Any] = {}
+    with open_store(db) as store:
+        for sid in study_ids:
+            for rec in store.study_trials(sid):
+                if rec.status.value == "ok" and getattr(rec, metric):
+                    values.setdefault(rec.config_hash, []).append(getattr(rec, metric))
+                    configs[rec.config_hash] = _changes(rec.config)
+    return values, configs
+
+
+def bench_preset(key: str, quick: bool, seeds: int, repeats: int, db: str, run_tag: str,
                  measured: dict[str, Any] | None = None) -> dict[str, Any]:
     """The grid (measured by brute force, or `measured`: an earlier run's record of the same grid in
     the same store), then each sampler for each seed on a quarter of it."""
     workload, args, full_space, quick_space = PRESETS[key]
     space = SPACES / (quick_space if quick else full_space)
     n, base_in_grid = grid_size(workload, args, space)
-    trials = n if base_in_grid else n + 1  # the baseline is always measured, in the grid or not
     print(f"{key}: {workload} {args}, grid {space.name}: {n} configurations", flush=True)
     if measured is not None:
         exhaustive = measured
         print(f"  grid measured in an earlier run ({exhaustive['study']}), reused", flush=True)
     else:
-        exhaustive = tune(workload, args, space, db, sampler="brute-force", trials=trials, seed=0,
-                          study=f"{key}-grid", verbose=True)
-        exhaustive["overhead"] = (exhaustive["wall_s"] - exhaustive["trial_s"]) / exhaustive["trial_s"] \
-            if exhaustive["trial_s"] else None
+        exhaustive = measure_grid(key, space, n, base_in_grid, db, repeats)
+    spread = exhaustive.get("spread") or {}
     print(f"  grid best {exhaustive['best']:,.1f} {exhaustive['metric']} ({exhaustive['speedup']:.2f}x baseline); "
-          f"wall {exhaustive['wall_s']:.0f} s for {exhaustive['trial_s']:.0f} s of trials", flush=True)
+          f"wall {exhaustive['wall_s']:.0f} s for {exhaustive['trial_s']:.0f} s of trials; passes differ by "
+          f"{spread.get('median', 0):.1%} median, {spread.get('max', 0):.1%} max", flush=True)
     budget = max(2, math.ceil(BUDGET_FRACTION * n))
     runs = []
     for seed in range(seeds):
         for sampler in SAMPLERS:
             r = tune(workload, args, space, db, sampler=sampler, trials=budget, seed=seed,
                      study=f"{key}-{sampler}-s{seed}-{run_tag}", verbose=False)
-            r["ratio"] = r["best"] / exhaustive["best"] if r["best"] and exhaustive["best"] else 0.0
+            found = exhaustive["means"].get(r["best_hash"]) if r["best_hash"] else None
+            r["ratio"] = found / exhaustive["best"] if found else 0.0
             runs.append(r)
             print(f"  seed {seed} {sampler}: {r['ratio']:.1%} of the grid's best in {r['configurations']} "
                   f"configurations ({r['wall_s']:.0f} s)", flush=True)
@@ -135,7 +183,8 @@ def bench_preset(key: str, quick: bool, seeds: int, db: str, run_tag: str,
     return {"workload": workload, "workload_args": args, "space": space.name, "grid_size": n,
             "baseline_in_grid": base_in_grid, "budget": budget, "exhaustive": exhaustive, "runs": runs,
             "median_ratio": medians, "met": {"ratio": medians["tpe"] >= GOAL_RATIO,
-                                             "overhead": (exhaustive["overhead"] or 0.0) <= GOAL_OVERHEAD}}
+                                             "overhead": (exhaustive["overhead"] or 0.0) <= GOAL_OVERHEAD},
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": _machine(), "seeds": seeds, "repeats": repeats}
 
 
 def _pct(x: float | None) -> str:
@@ -153,9 +202,14 @@ def _knobs(config: dict[str, Any] | None) -> str:
 def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
     ex, unit = p["exhaustive"], "tokens/s" if p["exhaustive"]["metric"] == "tokens_per_s" else "samples/s"
     overhead = f"{ex['overhead']:.0%}" if ex["overhead"] is not None else "n/a"
+    spread, repeats = ex.get("spread"), p.get("repeats", 1)
+    noise = (f" The passes differ by {spread['median']:.1%} (median over configurations), {spread['max']:.1%} at most;"
+             " a configuration's value is its mean." if spread else "")
     lines = [f"### {TITLES[key]}: {p['workload']} {json.dumps(p['workload_args'])}", "",
+             f"Run {p.get('started')} on {p.get('machine')}, {p.get('seeds')} seeds.", "",
              f"Grid `bench/spaces/{p['space']}`: {p['grid_size']} configurations, measured exhaustively "
-             f"(brute force, {sum(ex['statuses'].values())} trials: {ex['statuses']}).", "",
+             f"{repeats} time(s) (brute force; first pass {sum(ex['statuses'].values())} trials: {ex['statuses']})."
+             f"{noise}", "",
              "| | value |", "|---|---|",
              f"| baseline (PyTorch defaults) | {ex['baseline'] or 0:,.1f} {unit} |",
              f"| grid best | {ex['best']:,.1f} {unit}: {_knobs(ex['best_config'])} |",
@@ -182,12 +236,14 @@ def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
 def markdown(res: dict[str, Any]) -> str:
     lines = ["## Tuner (issue 4)", "", f"`{res['command']}`, run {res['started']} on {res['machine']}; "
              f"{res['seeds']} seeds; each trial warm-up 2 steps, then >= 5 steps and >= 1.5 s.", "",
-             "Each grid is measured once by a brute-force study; the seeded TPE and random studies on the same "
-             "store reuse those measurements (same workload, hardware and software fingerprint), so they compare "
-             "the samplers on identical numbers. The tuner's default sampler screens each knob against the "
-             "baseline, measures the baseline with every winning change, then hands over to TPE "
-             "(advisor/tune/screening.py); TPE alone is Optuna's with min(5, max(2, budget // 4)) random "
-             "start-up trials (advisor/tune/driver.py). The baseline is always the first of the budget.", ""]
+             "Each grid is measured by brute-force studies (`--repeats` passes, the later ones measuring again); "
+             "a configuration's value is the mean of its passes. The seeded studies on the same store reuse those "
+             "measurements (same workload, hardware and software fingerprint), so they compare the samplers on "
+             "identical numbers; each is scored by the grid's value of the best configuration it found. The "
+             "tuner's default sampler screens each knob, and each pair of knobs known to act together, against "
+             "the baseline, measures the baseline with every winning change, then hands over to multivariate TPE "
+             "(advisor/tune/screening.py); TPE alone is Optuna's independent TPE with min(5, max(2, budget // 4)) "
+             "random start-up trials (advisor/tune/driver.py). The baseline is always the first of the budget.", ""]
     for key, p in res["presets"].items():
         lines += _md_preset(key, p)
     return "\n".join(lines)
@@ -205,6 +261,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the small grids and 2 seeds (a validation run)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per sampler (default 5; 2 with --quick)")
+    ap.add_argument("--repeats", type=int, default=None, help="passes over each grid (default 2; 1 with --quick)")
     ap.add_argument("--presets", default=",".join(PRESETS), help=f"comma-separated: {', '.join(PRESETS)}")
     ap.add_argument("--keep-grids", action="store_true",
                     help="keep the store and the grids an earlier run measured (rerun the samplers only); "
@@ -215,6 +272,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown preset(s) {', '.join(unknown)}; presets: {', '.join(PRESETS)}")
     seeds = args.seeds or (2 if args.quick else 5)
+    repeats = args.repeats or (1 if args.quick else 2)
     # Ray's socket paths live under the data dir and must stay short; set before advisor loads its settings
     data_dir = tempfile.mkdtemp(prefix="advb-", dir="/tmp")
     os.environ["ADVISOR_DATA_DIR"] = data_dir
@@ -222,18 +280,21 @@ def main() -> int:
     db_path = RESULTS / ("tune-quick.db" if args.quick else "tune.db")
     name = "tune-quick" if args.quick else "tune"
     earlier = json.loads((RESULTS / f"{name}.json").read_text()) if (RESULTS / f"{name}.json").exists() else None
+    kept = {k: {"started": earlier["started"], "machine": earlier["machine"], "seeds": earlier["seeds"], **p}
+            for k, p in (earlier or {}).get("presets", {}).items() if k not in keys}  # presets not rerun keep theirs
     if not args.keep_grids or earlier is None:
         db_path.unlink(missing_ok=True)  # a fresh store: the grid must be measured, not reused
         earlier = None
     res: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
                            "command": " ".join(["bench/tune_bench.py", *sys.argv[1:]]), "machine": _machine(),
-                           "seeds": seeds, "db": str(db_path.relative_to(ROOT)),
-                           "presets": dict(earlier["presets"]) if earlier else {}}
+                           "seeds": seeds, "repeats": repeats, "db": str(db_path.relative_to(ROOT)),
+                           "presets": kept}
     t0 = time.monotonic()
     try:
         for key in keys:
             measured = earlier["presets"].get(key, {}).get("exhaustive") if earlier else None
-            res["presets"][key] = bench_preset(key, args.quick, seeds, f"sqlite:///{db_path}",
+            measured = measured if measured and "means" in measured else None  # older records lack the means
+            res["presets"][key] = bench_preset(key, args.quick, seeds, repeats, f"sqlite:///{db_path}",
                                                time.strftime("%Y%m%d%H%M%S"), measured)
             (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))  # partial results survive a crash
     finally:

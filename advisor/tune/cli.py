@@ -24,8 +24,9 @@ def add_parser(sub: argparse._SubParsersAction, add_workload_args, positive_int)
     p.add_argument("--global-batch-size", type=positive_int, default=None,
                    help="samples per optimizer step to keep fixed (gradient accumulation makes up the rest)")
     p.add_argument("--sampler", choices=SAMPLERS, default=None,
-                   help="default: tpe (each knob screened against the baseline, the winners combined, then Optuna's "
-                        "TPE); tpe-plain: TPE alone; nsga2 for two objectives; brute-force for 'exhaustive'")
+                   help="default: tpe (each knob, and each pair known to interact, screened against the baseline, the "
+                        "winners combined, then Optuna's multivariate TPE); tpe-plain: TPE alone; nsga2 for two "
+                        "objectives; brute-force for 'exhaustive'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--study", default=None, help="study name (default: derived from the arguments, so a rerun resumes)")
     p.add_argument("--db", default=None, help="database URL (default: SQLite in the data dir; ADVISOR_DATABASE_URL)")

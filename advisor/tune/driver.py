@@ -46,10 +46,10 @@ def _sampler(req: TuneRequest):
     import optuna
 
     name = req.resolved_sampler()
-    if name == "tpe":  # the screen spends all but the combination's trial at most; TPE has the rest
+    if name == "tpe":  # the screen spends all but the combination's trial at most (one screen at least); TPE the rest
         from advisor.tune.screening import ScreeningSampler
 
-        return ScreeningSampler(_tpe(req), max_screens=req.trials - 2)
+        return ScreeningSampler(_tpe(req, multivariate=True), max_screens=max(1, req.trials - 2))
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=req.seed)
     if name == "random":
@@ -59,12 +59,14 @@ def _sampler(req: TuneRequest):
     return _tpe(req)
 
 
-def _tpe(req: TuneRequest):
+def _tpe(req: TuneRequest, multivariate: bool = False):
     import optuna
 
     # Random draws before TPE models the space: Optuna's 10 is most of a small budget; keep a quarter
-    # (the screen's trials, where it runs first, count towards them).
-    return optuna.samplers.TPESampler(seed=req.seed, n_startup_trials=min(5, max(2, req.trials // 4)))
+    # (the screen's trials, where it runs first, count towards them). Multivariate TPE models the knobs
+    # jointly (what they do together), `group` splits a define-by-run space by which knobs a trial has.
+    return optuna.samplers.TPESampler(seed=req.seed, n_startup_trials=min(5, max(2, req.trials // 4)),
+                                      multivariate=multivariate, group=multivariate)
 
 
 def _seed_reference(storage, store, space, context, ctx: StudyContext, study, base: TrainingConfig) -> None:
@@ -271,9 +273,9 @@ def _ray_init(req: TuneRequest) -> bool:
         return False
     env = {k: v for k, v in os.environ.items() if k.startswith("ADVISOR_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-    common = dict(log_to_driver=False, configure_logging=False, runtime_env={"env_vars": env})
-    if req.ray_address:
-        ray.init(address=req.ray_address, **common)
+    common = dict(log_to_driver=False, configure_logging=False)
+    if req.ray_address:  # a cluster's workers get our settings and working dir through a runtime env
+        ray.init(address=req.ray_address, runtime_env={"env_vars": env}, **common)
         return True
     temp = get_settings().data_dir / "ray"
     if len(str(temp)) > RAY_TEMP_MAX:  # Ray's socket paths under it must stay within AF_UNIX's 107 bytes
@@ -282,7 +284,17 @@ def _ray_init(req: TuneRequest) -> bool:
         temp = Path(tempfile.mkdtemp(prefix="advisor-ray-"))
         log.warning("data dir path too long for Ray's sockets; Ray's temp dir is %s", temp)
     temp.mkdir(parents=True, exist_ok=True)
-    ray.init(_temp_dir=str(temp), include_dashboard=False, num_cpus=len(os.sched_getaffinity(0)), **common)
+    # A local Ray's workers inherit this environment (the raylet starts with it), so they need no runtime
+    # env: one would start a fresh worker for the first trial (seconds) where a prestarted one can serve.
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]
+    try:
+        ray.init(_temp_dir=str(temp), include_dashboard=False, num_cpus=len(os.sched_getaffinity(0)), **common)
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
     return True
 
 
@@ -322,10 +334,9 @@ def _prepare(req: TuneRequest, *, pool=None, timeout_s: float | None = None):  #
     return wl, hw, space, context, baseline(context)
 
 
-def _open_study(req: TuneRequest, wl, hw, space, objective: Objective):
-    from advisor.store import hardware_fingerprint, open_store, software_fingerprint, software_versions
+def _open_study(req: TuneRequest, store, wl, hw, space, objective: Objective):
+    from advisor.store import hardware_fingerprint, software_fingerprint, software_versions
 
-    store = open_store(req.db)
     spec = StudySpec(name=req.study_name(wl.name, hw.accelerator.name), workload_fp=wl.fingerprint,
                      workload_name=wl.name, workload_description={"spec": req.workload, "args": req.workload_args},
                      hardware_fp=hardware_fingerprint(hw), hardware_name=hw.accelerator.name,
@@ -335,22 +346,24 @@ def _open_study(req: TuneRequest, wl, hw, space, objective: Objective):
     ctx = StudyContext(request=req, study_id=study.id, workload_fp=spec.workload_fp, hardware_fp=spec.hardware_fp,
                        software_fp=software_fingerprint(), db_url=store.url, objective=objective,
                        owner=store.owner)
-    return store, study, ctx
+    return study, ctx
 
 
 def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int], None] | None = None,
              on_study: Callable[[Any], None] | None = None) -> TuneSummary:
     """Tune `req.workload` on `req.hardware`; see the module docstring. Returns the study's summary.
     `on_result(result, done, total)` after each trial; `on_study(StudyRecord)` once the study is open."""
-    from advisor.store import config_hash
+    from advisor.store import config_hash, open_store
 
     t0 = time.monotonic()
     req = req.absolute()
-    wl, hw, space, context, base = _prepare(req)
+    wl, hw, space, context, base = _prepare(req)  # first: a workload that cannot load leaves no store behind
+    store = open_store(req.db)
     objective = _objective(req, bool(wl.tokens_per_sample))
-    store, study, ctx = _open_study(req, wl, hw, space, objective)
+    study, ctx = _open_study(req, store, wl, hw, space, objective)
     if on_study is not None:
         on_study(study)
+    # before Ray starts (seconds): a killed run's trial in flight is marked before anything could finish it
     interrupted = store.mark_interrupted(study.id)
     retries = [r.config for r in store.retries_due(study.id)]
     records = store.study_trials(study.id)
@@ -365,43 +378,43 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
 
 
 def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining, on_result) -> dict[str, Any]:
-    """Ray Tune experiments: the queued configurations (baseline, retries) as a fixed list, then
-    OptunaSearch over the space, one Ray trial per suggestion, until the budget is spent.
+    """One Ray Tune experiment: the queued configurations (baseline, retries) first, then OptunaSearch over
+    the space, one Ray trial per suggestion, until the budget is spent. One experiment keeps one Ray actor
+    (reuse_actors), and with it one fork server and one isolation worker, from the first trial to the last.
     `target` is (space, context, baseline)."""
     _ray_env()
     from advisor.tune.ray_hooks import ProgressCallback
+    from advisor.tune.searcher import QueueThenSearch
 
     space, context, base = target
-
+    _quiet_optuna()
+    storage = _optuna_storage(ctx.db_url)
+    _fail_stale(storage, study.optuna_study_name)
     started = _ray_init(req)
     budget = _Budget(remaining, req.patience)
     callback = ProgressCallback(budget, remaining, on_result)
     t = time.monotonic()
+
+    def optuna_search():  # once the queued trials are in: the baseline becomes the screen's reference
+        _seed_reference(storage, store, space, context, ctx, study, base)
+        return _optuna_search(req, space, context, ctx, study, storage)
+
+    multi = len(ctx.objective.metrics) > 1
+    search = QueueThenSearch([c.model_dump_json() for c in queued], optuna_search,
+                             metric=["objective", "memory"] if multi else "objective",
+                             mode=["max", "min"] if multi else "max")
     try:
-        if queued:
-            _fit(req, hw, ctx, f"{_safe(study.name)}-queued", budget, callback,
-                 param_space={"training_config": _grid([c.model_dump_json() for c in queued])})
-        if not budget.done():
-            _quiet_optuna()
-            storage = _optuna_storage(ctx.db_url)
-            _fail_stale(storage, study.optuna_study_name)
-            _seed_reference(storage, store, space, context, ctx, study, base)
-            _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=_optuna_search(req, space, context,
-                 ctx, study, storage), num_samples=max(1, remaining - len(budget.seen)) * DUPLICATE_FACTOR)
+        _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=search,
+             num_samples=len(queued) + remaining * DUPLICATE_FACTOR)
         return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
                 "ray_trials": callback.count, "trial_s": budget.trial_s, "measured": len(budget.seen)}
     finally:
+        search.close()
         callback.close()
         if started:
             import ray
 
             ray.shutdown()
-
-
-def _grid(values: list[str]):
-    from ray import tune
-
-    return tune.grid_search(values)
 
 
 def _optuna_search(req: TuneRequest, space, context, ctx: StudyContext, study, storage):
@@ -415,7 +428,7 @@ def _optuna_search(req: TuneRequest, space, context, ctx: StudyContext, study, s
 
 
 def _fit(req: TuneRequest, hw, ctx: StudyContext, name: str, budget: _Budget, callback, *, search_alg=None,
-         num_samples: int = 1, param_space: dict[str, Any] | None = None) -> None:
+         num_samples: int = 1) -> None:
     """One Ray Tune experiment over the trainable; the budget stopper ends it early."""
     from ray import tune
 
@@ -426,7 +439,6 @@ def _fit(req: TuneRequest, hw, ctx: StudyContext, name: str, budget: _Budget, ca
         elapsed = max(1.0, req.time_budget_s - (time.monotonic() - budget.started))
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(ray_trainable, ctx_json=ctx.model_dump_json()), _resources(hw)),
-        param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples, reuse_actors=True,
                                     max_concurrent_trials=_concurrency(hw), time_budget_s=elapsed),
         # a trial whose actor dies is that trial's error, never retried (user code runs in isolated workers)

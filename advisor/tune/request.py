@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advisor.trial import TrialBudget
 
-# tpe: screen each knob against the baseline, combine the winners, then TPE (advisor/tune/screening.py);
+# tpe: screen each knob and each interacting pair against the baseline, combine the winners, then
+# multivariate TPE (advisor/tune/screening.py);
 # tpe-plain: Optuna's TPE alone.
 Sampler = Literal["tpe", "tpe-plain", "random", "nsga2", "brute-force"]
 SAMPLERS: tuple[str, ...] = get_args(Sampler)

@@ -1,11 +1,14 @@
-"""The tuner's opening moves: screen each knob against the baseline, combine the winners, then TPE.
+"""The tuner's opening moves: screen each knob, and the pairs of knobs known to act together, against
+the baseline; combine the winners; then multivariate TPE.
 
-A small budget leaves TPE a handful of mostly random start-up draws. Training knobs mostly act on
-throughput one at a time (bf16 speeds the matmuls whatever the batch; workers feed the step whatever
-the precision), so a two-level screen measures them cheaply: from the reference (the baseline, always
-measured first) change one knob to its farthest value, one trial per knob, then measure the reference
-with every change that beat it. TPE learns from all of those trials and searches the interactions the
-screen misses. The reference enters the Optuna study as a finished trial (`add_reference`), so a
+A small budget leaves TPE a handful of mostly random start-up draws. Many training knobs act on
+throughput one at a time (workers feed the step whatever the precision), so a two-level screen measures
+them cheaply: from the reference (the baseline, always measured first) change one knob to its farthest
+value, one trial per knob. Some act only together: bf16 autocast on a CPU adds a cast per op, which only
+torch.compile fuses away, so bf16 alone and compile alone can each lose to fp32 eager while the pair wins.
+A one-knob screen never tries that pair, so each pair of INTERACTIONS is screened too, right after its
+second knob. Then the reference with every winning change; TPE (multivariate, so it models knobs jointly)
+learns from all of it. The reference enters the Optuna study as a finished trial (`add_reference`), so a
 resumed study screens from the same point and does not screen a knob twice.
 """
 
@@ -26,10 +29,20 @@ ROLE_ATTR = "advisor_screen"  # system attribute: what a screening trial was for
 # What PyTorch does with a knob our config leaves unset (None) once a change opens it.
 OPENED_DEFAULTS = {"prefetch_factor": 2}  # DataLoader's default with workers
 # The order knobs are screened in when the budget cannot screen them all: what usually moves
-# training throughput most first (precision, batch, compile, the input pipeline, then the rest).
-IMPACT = ("precision", "batch_size", "compile_mode", "num_workers", "strategy", "tp", "pp", "threads", "channels_last",
+# training throughput most first (precision and compile, which act as a pair, batch, the input
+# pipeline, then the rest).
+IMPACT = ("precision", "compile_mode", "batch_size", "num_workers", "strategy", "tp", "pp", "threads", "channels_last",
           "optimizer_impl", "fused_backward", "checkpointing", "pin_memory", "prefetch_factor",
           "persistent_workers", "pinning", "optimizer", "grad_accum", "cpu_list")
+# Pairs of knobs whose effects on throughput do not add up, screened together after both alone.
+# precision x compile_mode: autocast's casts cost a kernel each in eager mode; compile fuses them.
+# precision x batch_size: low precision pays off once matmuls are large enough to be compute-bound.
+# precision x channels_last: oneDNN's and cuDNN's fast low-precision convolutions want NHWC.
+# num_workers x threads: DataLoader workers take cores from the step's intra-op threads.
+# compile_mode x checkpointing: compile fuses the recomputed forward, which eager mode runs op by op.
+INTERACTIONS: tuple[tuple[str, str], ...] = (
+    ("precision", "compile_mode"), ("precision", "batch_size"), ("precision", "channels_last"),
+    ("num_workers", "threads"), ("compile_mode", "checkpointing"))
 
 
 def farthest(distribution: BaseDistribution, value: Any) -> Any:
@@ -49,10 +62,12 @@ def farthest(distribution: BaseDistribution, value: Any) -> Any:
 
 
 class ScreeningSampler(BaseSampler):
-    """Two-level screen from the reference trial, one combination of the winners, then `base`.
+    """Two-level screen from the reference trial (knobs alone and INTERACTIONS' pairs), one
+    combination of the winners, then `base`.
 
-    `max_screens` caps the screening trials (the driver gives it about half the budget): knobs
-    are screened in IMPACT order, the rest left to `base`. Single-objective (maximize) only.
+    `max_screens` caps the screening trials (the driver leaves one trial of the budget for the
+    combination): knobs are screened in IMPACT order, the rest left to `base`. Single-objective
+    (maximize) only.
     """
 
     def __init__(self, base: BaseSampler, max_screens: int) -> None:
@@ -66,19 +81,23 @@ class ScreeningSampler(BaseSampler):
     def _reference(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
         return next((t for t in trials if t.user_attrs.get(REFERENCE_ATTR) and t.state == TrialState.COMPLETE), None)
 
-    def _screens(self, ref: FrozenTrial) -> list[tuple[str, Any]]:
-        """(knob, other level) for each knob of the reference that has another value, IMPACT order."""
+    def _screens(self, ref: FrozenTrial) -> list[dict[str, Any]]:
+        """The changes to screen, each {knob: other level}: every knob of the reference that has another
+        value, in IMPACT order, each pair of INTERACTIONS right after the second of its knobs."""
         rank = {k: i for i, k in enumerate(IMPACT)}
         knobs = sorted(ref.params, key=lambda k: (rank.get(k, len(rank)), k))
-        out = []
-        for knob in knobs:
-            other = farthest(ref.distributions[knob], ref.params[knob])
-            if other is not None:
-                out.append((knob, other))
+        others = {k: farthest(ref.distributions[k], ref.params[k]) for k in knobs}
+        out: list[dict[str, Any]] = []
+        done: list[str] = []
+        for knob in (k for k in knobs if others[k] is not None):
+            out.append({knob: others[knob]})
+            out += [{a: others[a], b: others[b]} for a, b in INTERACTIONS
+                    if (a == knob and b in done) or (b == knob and a in done)]
+            done.append(knob)
         return out[: self._max_screens]
 
     def plan(self, study: "Study", number: int) -> tuple[str, dict[str, Any]] | None:
-        """(role, params) for trial `number`: the next unscreened knob, else the combination of the
+        """(role, params) for trial `number`: the next unscreened change (a knob, a pair), else the combination of the
         winners once every screen has finished, else None (the base sampler decides)."""
         trials = [t for t in study.get_trials(deepcopy=False) if t.number != number]
         ref = self._reference(trials)
@@ -87,24 +106,15 @@ class ScreeningSampler(BaseSampler):
         live = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)]
         roles = {t.system_attrs.get(ROLE_ATTR) for t in trials}  # a failed screen is not tried again
         screens = self._screens(ref)
-        for knob, other in screens:
-            role = f"{knob}={other!r}"
-            if role not in roles and not any(_matches(t.params, {**ref.params, knob: other}) for t in live):
-                return role, {**ref.params, knob: other}
+        for change in screens:
+            role = _role(change)
+            if role not in roles and not any(_matches(t.params, {**ref.params, **change}) for t in live):
+                return role, {**ref.params, **change}
         if "combination" in roles or any(t.state != TrialState.COMPLETE for t in live if t.system_attrs.get(ROLE_ATTR)):
             return None  # combined already, or a screen still running: its verdict is not in yet
-        base_value = ref.values[0]
-        winners: dict[str, Any] = {}
-        for knob, other in screens:
-            changed = {**ref.params, knob: other}
-            done = [t for t in live if t.state == TrialState.COMPLETE and _matches(t.params, changed)]
-            if done and done[0].values and done[0].values[0] > base_value:
-                winners[knob] = other
-        if len(winners) < 2:  # none or one: nothing new to combine (that one is measured)
-            return None
-        combined = {**ref.params, **winners}
-        if any(_matches(t.params, combined) for t in live):
-            return None
+        combined = {**ref.params, **_winners(screens, ref, live)}
+        if combined == ref.params or any(_matches(t.params, combined) for t in live):
+            return None  # nothing won, or what won is measured already
         return "combination", combined
 
     # -- Optuna's sampler interface ----------------------------------------------------------
@@ -151,6 +161,28 @@ class ScreeningSampler(BaseSampler):
         self._base.reseed_rng()
 
 
+def _winners(screens: list[dict[str, Any]], ref: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
+    """The changes worth combining: a knob whose screen beat the reference, and a pair that beat the
+    reference and each of its knobs alone (a pair that wins only through one of its knobs adds nothing)."""
+    def value(change: dict[str, Any]) -> float | None:
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values and
+                _matches(t.params, {**ref.params, **change})]
+        return done[0].values[0] if done else None
+
+    out: dict[str, Any] = {}
+    for change in screens:
+        v = value(change)
+        alone = [value({k: other}) for k, other in change.items()] if len(change) > 1 else []
+        if v is not None and v > max([ref.values[0], *(a for a in alone if a is not None)]):
+            out.update(change)
+    return out
+
+
+def _role(change: dict[str, Any]) -> str:
+    """What a screening trial is for, as stored: "precision='bf16'" or "precision='bf16',compile_mode='default'"."""
+    return ",".join(f"{k}={v!r}" for k, v in change.items())
+
+
 def _matches(params: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """Whether a trial took `wanted`: knobs only one side reached (a condition opened them) are not
     compared, as the knobs that decide those conditions are."""
@@ -187,4 +219,4 @@ def add_reference(study: "optuna.Study", params: dict[str, Any], distributions: 
     return True
 
 
-__all__ = ["IMPACT", "ScreeningSampler", "add_reference", "contains", "farthest"]
+__all__ = ["IMPACT", "INTERACTIONS", "ScreeningSampler", "add_reference", "contains", "farthest"]

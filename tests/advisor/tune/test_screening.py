@@ -1,5 +1,6 @@
-"""The screening sampler on real Optuna studies: one knob changed per screen in impact order, the
-winners combined once, then the base sampler; a resumed study does not screen again.
+"""The screening sampler on real Optuna studies: one knob changed per screen in impact order, the pairs
+known to interact after both of their knobs, the winners combined once, then the base sampler; a
+resumed study does not screen again.
 
 The objective here is a formula of the knobs (not a measurement) so each case has one right
 answer; the end-to-end path through Ray and real trials is in test_tune.py.
@@ -62,36 +63,54 @@ def changed(params: dict) -> dict:
     return {k: v for k, v in params.items() if k in REFERENCE and REFERENCE[k] != v}
 
 
-def test_screens_one_knob_at_a_time_then_combines_the_winners_then_hands_over():
-    steps = run(new_study(), 8)
+def test_screens_each_knob_and_each_interacting_pair_then_combines_the_winners_then_hands_over():
+    steps = run(new_study(), 11)
     roles = [role for role, _ in steps]
-    # impact order: precision, batch size, compile, workers, threads; each the farthest other value
-    assert roles[:5] == ["precision='bf16'", "batch_size=32", "compile_mode='default'", "num_workers=4", "threads=1"]
-    assert [changed(p) for _, p in steps[:5]] == [{"precision": "bf16"}, {"batch_size": 32},
-                                                  {"compile_mode": "default"}, {"num_workers": 4}, {"threads": 1}]
-    assert steps[3][1]["prefetch_factor"] == 2  # the knob workers opened takes PyTorch's default
-    # bf16, compile and workers beat the reference; batch 32 and one thread did not
-    assert roles[5] == "combination"
-    assert changed(steps[5][1]) == {"precision": "bf16", "compile_mode": "default", "num_workers": 4}
-    assert roles[6:] == [None, None]  # TPE from here on
+    # impact order: precision, compile, batch size, workers, threads, each to its farthest other value;
+    # a pair of INTERACTIONS right after the second of its knobs
+    assert roles[:8] == ["precision='bf16'", "compile_mode='default'", "precision='bf16',compile_mode='default'",
+                         "batch_size=32", "precision='bf16',batch_size=32", "num_workers=4", "threads=1",
+                         "num_workers=4,threads=1"]
+    assert [changed(p) for _, p in steps[:4]] == [{"precision": "bf16"}, {"compile_mode": "default"},
+                                                  {"precision": "bf16", "compile_mode": "default"}, {"batch_size": 32}]
+    assert steps[5][1]["prefetch_factor"] == 2  # the knob workers opened takes PyTorch's default
+    # bf16, compile and workers (alone and in their pairs) beat the reference; batch 32 and one thread did not
+    assert roles[8] == "combination"
+    assert changed(steps[8][1]) == {"precision": "bf16", "compile_mode": "default", "num_workers": 4}
+    assert roles[9:] == [None, None]  # TPE from here on
+
+
+def test_a_pair_that_wins_where_each_knob_alone_loses_is_found_and_kept():
+    """bf16 alone and compile alone each lose to fp32 eager; together they win (autocast's casts fused)."""
+    def world(p: dict) -> float:
+        bf16, compiled = p["precision"] == "bf16", p["compile_mode"] == "default"
+        return 100.0 * (1.2 if bf16 and compiled else 0.8 if bf16 or compiled else 1.0) * (0.9 if p["threads"] else 1)
+
+    study = new_study(max_screens=4)
+    for _ in range(5):
+        trial = study.ask()
+        study.tell(trial, world(space(trial)))
+    best = study.best_trial
+    assert best.params["precision"] == "bf16" and best.params["compile_mode"] == "default"
+    assert best.system_attrs.get(ROLE_ATTR) == "precision='bf16',compile_mode='default'"
 
 
 def test_no_combination_when_at_most_one_knob_won():
     study = new_study()
     base = throughput(REFERENCE)
     trial_params = []
-    for _ in range(6):
+    for _ in range(9):
         trial = study.ask()
         params = space(trial)
-        win = params["precision"] == "bf16"  # only bf16 beats the reference in this world
+        win = params["precision"] == "bf16"  # only bf16 beats the reference in this world, its pairs no more
         study.tell(trial, base * 1.2 if win else base * 0.9)
         trial_params.append(study.trials[-1].system_attrs.get(ROLE_ATTR))
-    assert "combination" not in trial_params and trial_params[5] is None
+    assert "combination" not in trial_params and trial_params[7:] == ["num_workers=4,threads=1", None]
 
 
 def test_max_screens_keeps_the_most_impactful_knobs():
     roles = [role for role, _ in run(new_study(max_screens=2), 3)]
-    assert roles == ["precision='bf16'", "batch_size=32", None]  # two screens, nothing to combine: TPE
+    assert roles == ["precision='bf16'", "compile_mode='default'", "combination"]  # two screens, both won
 
 
 def test_a_resumed_study_does_not_screen_again(tmp_path):
@@ -100,7 +119,7 @@ def test_a_resumed_study_does_not_screen_again(tmp_path):
     again = new_study(storage=storage, name="s")  # a new sampler, as after a restart; reference not re-added
     assert sum(1 for t in again.trials if t.user_attrs.get("advisor_reference")) == 1
     roles = [role for role, _ in run(again, 3)]
-    assert roles == ["num_workers=4", "threads=1", "combination"]  # precision..compile were screened before
+    assert roles == ["batch_size=32", "precision='bf16',batch_size=32", "num_workers=4"]  # the first three were
 
 
 def test_without_a_reference_the_base_sampler_decides():
@@ -128,7 +147,7 @@ def test_a_screen_that_failed_is_not_tried_again():
     trial = study.ask()
     space(trial)
     study.tell(trial, state=optuna.trial.TrialState.FAIL)  # e.g. the Ray worker died under it
-    assert [role for role, _ in run(study, 1)] == ["batch_size=32"]
+    assert [role for role, _ in run(study, 1)] == ["compile_mode='default'"]
 
 
 def test_a_trial_just_asked_by_another_live_tuner_is_not_failed_as_stale(tmp_path):

@@ -65,10 +65,11 @@ def test_tune_measures_stores_and_resumes(data_dir):
     assert first["best"]["speedup"] == pytest.approx(values[0] / first["baseline"]["samples_per_s"])
     records = stored(db)
     assert len(records) == 3 and len({r.config_hash for r in records}) == 3
-    # Ray starts its workers at niceness 15; the trials' ranks run at the tuner's own (Ray's second
-    # experiment, the Optuna search, starts a worker of its own: every record checks it)
+    # Ray starts its workers at niceness 15; the trials' ranks run at the tuner's own
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     assert [r.result.environment.niceness for r in records] == [mine] * 3
+    # one Ray experiment, the baseline first and then the Optuna search's trials (one actor, one fork server)
+    assert len(list((data_dir / "ray_results").iterdir())) == 1
     assert not any("niceness" in n for r in records for n in r.result.notes)
     assert all(r.result.others_busy is None for r in records)  # --settle 0: the machine's load not looked at
     import optuna  # the sampler's study lives in the same database
