@@ -225,28 +225,15 @@ def _block_backward(arch: DecoderArch, d: RankDims, first: bool) -> int:
 
 def _comm(arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigures], pp_rank: int,
           checkpointing: Checkpointing, grad_accum: int = 1) -> dict[str, int]:
-    """Payload bytes per optimizer step by kind (comm.py): tensor parallel's per layer, forward and backward, for
-    every micro-batch of each of the step's `grad_accum` batches; pipeline sends and receives of hidden states and
-    their gradients; the data-parallel strategy's reductions once per step (ZeRO: gathers per FSDP unit, each time
-    the schedule finds it sharded, in every batch)."""
+    """Payload bytes per optimizer step by kind (comm.py): parallel_comm.comm_by_dim's, summed over the mesh's
+    dimensions."""
     from collections import Counter
 
+    from advisor.estimate.parallel_comm import comm_by_dim
+
     out: Counter[str] = Counter()
-    n = (layout.n_microbatches if d.pp else 1) * grad_accum
-    hidden = d.b * d.s * arch.hidden * d.r
-    for st in stages:
-        if d.t > 1:
-            for kind, nbytes in _tensor_comm(arch, d, st, checkpointing).items():
-                out[kind] += n * nbytes
-        if d.pp:
-            out["send"] += n * hidden * ((not st.first) + (not st.last))
-            out["recv"] += n * hidden * ((not st.first) + (not st.last))
-    if layout.cp > 1:  # the ring (context.py), per layer: keys and values around it, their fp32 gradients back
-        kv = d.b * d.T * arch.kv_heads * (arch.hidden // arch.heads) // d.t * 2
-        ring = 2 * (layout.cp - 1) * kv * d.c + layout.cp * kv * F32
-        out["all_to_all"] += n * sum(st.layers for st in stages) * ring
-    if layout.grad_ranks > 1:
-        _data_comm(out, arch, layout, d, stages, pp_rank, grad_accum)
+    for kinds in comm_by_dim(arch, layout, d, stages, pp_rank, checkpointing, grad_accum).values():
+        out.update(kinds)
     return dict(out)
 
 
@@ -274,27 +261,6 @@ def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing
         out["all_gather"] += logits + (bth * d.r if sp else 0)
         out["reduce_scatter" if sp else "all_reduce"] += bth * d.r
     return out
-
-
-def _data_comm(out: dict[str, int], arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigures],
-               pp_rank: int, grad_accum: int = 1) -> None:
-    """DDP all-reduces every gradient once a step. FSDP2 gathers a unit (its padded shards) each time a forward or
-    backward of any of the step's `grad_accum` batches finds it sharded, reduce-scatters its padded gradients once
-    a step, and all-reduces over tp the gradients of the parameters tp replicates (norms)."""
-    units = [[sum(a * b for a, b in u) * d.r for u in st.units] for st in stages]
-    if layout.strategy == Strategy.ddp:
-        out["all_reduce"] += sum(map(sum, units))
-        return
-    dp = layout.fsdp_shards
-    padded = [sum(sum(-(-a // dp) * dp * b for a, b in u) for u in st.units) * d.r for st in stages]
-    gathers = _gathers(layout, pp_rank, len(stages))
-    out["all_gather"] += grad_accum * sum(g * p for g, p in zip(gathers, padded))
-    out["reduce_scatter"] += sum(padded)
-    if layout.dp_replicate > 1:  # HSDP: each reduce-scattered shard all-reduced across the replica groups
-        out["all_reduce"] += sum(padded) // dp
-    if d.t > 1:
-        norms = sum(a for a, _ in _norm_shapes(arch))
-        out["all_reduce"] += sum(2 * st.layers + st.last for st in stages) * norms * d.r
 
 
 @functools.lru_cache(maxsize=4096)  # the planner sizes the same layouts' stages many times
