@@ -15,7 +15,7 @@ $(BIN)/python:
 # with `make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"`.
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,hf]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from advisor import cli_plan, cli_recommend
 from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy, choices
 from advisor.errors import AdvisorError, ProbeError, SpecError, TrialError, WorkloadFailed
+from advisor.finetune import add_finetune_args
 from advisor.parallel.layout import PipelineSchedule
 
 EXIT_USAGE = 2
@@ -54,6 +55,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="keyword argument for the workload's build (JSON where it parses); repeatable")
     p.add_argument("--hardware", "-H", default="local",
                    help="catalog name[:devices[xnodes]] (e.g. h100-sxm:8), 'cpu' or 'local'")
+    add_finetune_args(p)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -174,10 +176,10 @@ def _positive_float(value: str) -> float:
 def _cmd_estimate(args: argparse.Namespace) -> int:
     from advisor import isolation
     from advisor.estimate import EstimateOptions, EstimateRequest
+    from advisor.finetune import cli_workload_args
     from advisor.render import estimate_table
-    from advisor.workload import parse_workload_args
 
-    wargs = parse_workload_args(args.workload_arg)
+    wargs = cli_workload_args(args)
     if args.seq_len:
         wargs["seq_len"] = args.seq_len
     if args.margin is not None and not 0 <= args.margin < 1:
@@ -238,6 +240,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from advisor.errors import invalid_input
+    from advisor.finetune import cli_workload_args
     from advisor.render import parse_bytes, trial_table
     from advisor.trial import TrialBudget, TrialStatus
     from advisor.workload import parse_workload_args
@@ -257,8 +260,7 @@ def _cmd_trial(args: argparse.Namespace) -> int:
 
     with Console(stderr=True).status(f"measuring {args.workload} on {args.hardware} (warm-up, then timed steps)"):
         result = run_trial(args.workload, knobs, hardware=args.hardware,
-                           workload_args=parse_workload_args(args.workload_arg),
-                           budget=budget, estimate=not args.no_estimate)
+                           workload_args=cli_workload_args(args), budget=budget, estimate=not args.no_estimate)
     if args.json:
         print(result.model_dump_json(indent=2))
     elif result.status == TrialStatus.invalid:  # refused before launching: a user's mistake, one line

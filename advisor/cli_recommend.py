@@ -7,6 +7,7 @@ import argparse
 import json
 
 from advisor.errors import SpecError
+from advisor.finetune import add_finetune_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # noqa: ANN001 (argparse types)
@@ -22,6 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # noqa: ANN001 (argpar
     p.add_argument("--db", default=None, metavar="URL",
                    help="database URL (default: ADVISOR_DATABASE_URL, else sqlite:///<data dir>/advisor.db)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_finetune_args(p)
 
 
 def parse_prices(pairs: list[str]) -> dict[str, float]:
@@ -41,14 +43,14 @@ def parse_prices(pairs: list[str]) -> dict[str, float]:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
+    from advisor.finetune import cli_workload_args
     from advisor.isolation import run_isolated
     from advisor.recommend import recommend
     from advisor.render_results import recommend_table
-    from advisor.workload import parse_workload_args
 
     prices = parse_prices(args.price)
     # the workload is loaded and estimated in an isolated worker, which opens the store itself
-    recs = run_isolated(recommend, args.workload, args.hardware, workload_args=parse_workload_args(args.workload_arg),
+    recs = run_isolated(recommend, args.workload, args.hardware, workload_args=cli_workload_args(args),
                         db=args.db, prices=prices or None, spec=args.workload, what="the recommendation",
                         stage=f"loading {args.workload}")
     if args.json:

@@ -60,8 +60,9 @@ def export(config: TrainingConfig, workload_spec: str, workload_args: dict[str, 
     data parallel only: SpecError for a config with tp or pp > 1 (its JSON holds every knob).
     """
     from advisor.export_python import check_data_parallel
+    from advisor.finetune import with_rank
 
-    args = dict(workload_args or {})
+    args = with_rank(workload_args, config.lora_r)  # the rank the trial's adapters had
     if fmt == "json":
         return export_json(config, workload_spec, args)
     if fmt in ("python", "torchrun"):

@@ -71,8 +71,11 @@ def _process(c: TrainingConfig) -> list[str]:
     return out + [""]
 
 
-def _model(c: TrainingConfig) -> list[str]:
+def _model(c: TrainingConfig, finetuned: bool = False) -> list[str]:
     out = ["model = workload.build().to(device)  # build_model(); lazy modules made by one forward pass"]
+    if finetuned and c.precision in (Precision.bf16, Precision.bf16_pure):
+        out = ["from advisor.finetune import hold_frozen", "",
+               f'model = hold_frozen(workload.build(), "{c.precision.value}").to(device)  # frozen base in bf16']
     if c.channels_last:
         out.append("model = model.to(memory_format=torch.channels_last)  # NHWC for convolutions")
     if c.precision == Precision.bf16_pure:
@@ -213,6 +216,9 @@ def python_script(config: TrainingConfig, workload_spec: str, workload_args: dic
     """The whole script for `config`; `has_dataset`: the workload brings a Dataset (else make_batch).
     SpecError for a config with tp or pp > 1 (check_data_parallel)."""
     check_data_parallel(config)
-    parts = [_header(config, workload_spec, workload_args), _process(config), _model(config), _optimizer(config),
+    from advisor.finetune import FINETUNE_ARG
+
+    parts = [_header(config, workload_spec, workload_args), _process(config),
+             _model(config, FINETUNE_ARG in workload_args), _optimizer(config),
              _compile_and_scaler(config), _data(config, has_dataset), _to_device(config), _loop(config)]
     return "\n".join(line for part in parts for line in part) + "\n"

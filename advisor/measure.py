@@ -120,6 +120,7 @@ def _nvml_bytes_of_this_process() -> int | None:
 def _run(req: MeasureRequest) -> MeasureResult:
     import torch
 
+    from advisor.finetune import hold_frozen
     from advisor.training import prepare, train_step
     from advisor.workload import load_workload
 
@@ -134,7 +135,7 @@ def _run(req: MeasureRequest) -> MeasureResult:
     def steps(phase: Callable[[str], None] | None = None) -> None:
         """The build and `req.steps` steps; `phase` is told each step's phases as the tracer marks them
         (trace.STEP_PHASES: "batch" before its batch is made, then what train_step tells it)."""
-        model = workload.build().to(device)
+        model = hold_frozen(workload.build(), req.precision).to(device)  # a frozen base moves in its own dtype
         ctx = prepare(model, workload.loss_fn, precision=req.precision, optimizer=req.optimizer, device_type=device,
                       optimizer_impl=req.optimizer_impl, checkpointing=req.checkpointing,
                       fused_backward=req.fused_backward)

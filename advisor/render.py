@@ -40,7 +40,9 @@ def estimate_table(est: "MemoryEstimate") -> None:
     table.add_row(f"total ({est.predicts})", human_bytes(est.total_bytes), "")
     table.add_row("live tensors peak", human_bytes(est.allocated_bytes), "")
     if est.runtime_bytes:
-        table.add_row("CUDA context (outside allocator)", human_bytes(est.runtime_bytes), "")
+        label = "CUDA context and NCCL buffers" if est.world_size > 1 and est.request.strategy.value != "single" \
+            else "CUDA context"
+        table.add_row(f"{label} (outside allocator)", human_bytes(est.runtime_bytes), "")
     table.add_row("device memory (usable)",
                   f"{human_bytes(est.device_memory_bytes)} ({human_bytes(est.usable_bytes)})", "")
     fit = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
@@ -182,7 +184,7 @@ def rank_table(result):  # noqa: ANN201 - a rich Table
 
     cuda = result.config.device == "cuda"
     table = Table(title="per rank (estimates in brackets)")
-    for col in ("rank", "pp/dp/cp/tp", "peak reserved" if cuda else "peak rss", *(["allocated"] if cuda else []),
+    for col in ("rank", "pp/dp/cp/tp", "peak reserved" if cuda else "peak rss", "allocated",
                 "est. live", "est. total", "comm per step"):
         table.add_column(col, justify="left" if col == "comm per step" else "right")
     for r in result.ranks:
@@ -193,7 +195,7 @@ def rank_table(result):  # noqa: ANN201 - a rich Table
                 for k in sorted({*r.comm_bytes, *(predicted or {})})]
         place = "/".join(str(r.coords.get(d, "-")) for d in ("pp", "dp", "cp", "tp"))
         table.add_row(str(r.rank), place, _or_dash(peak),
-                      *([_or_dash(r.peak.cuda_allocated_bytes)] if cuda else []),
+                      _or_dash(r.peak.cuda_allocated_bytes if cuda else r.peak.cpu_allocated_bytes),
                       _or_dash(r.predicted_allocated_bytes), _or_dash(r.predicted_total_bytes),
                       "\n".join(comm) or "-")
     return table

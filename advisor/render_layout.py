@@ -32,6 +32,8 @@ def layout_table(est: "LayoutEstimate") -> None:
     table.add_section()
     table.add_row(f"total ({est.predicts})", *(human_bytes(x.total_bytes) for x in est.ranks))
     table.add_row("live tensors peak", *(human_bytes(x.allocated_bytes) for x in est.ranks))
+    if any(x.nccl_bytes for x in est.ranks):  # outside the allocator, beside the CUDA context
+        table.add_row("NCCL buffers", *(human_bytes(x.nccl_bytes) for x in est.ranks))
     if any(x.host_bytes for x in est.ranks):  # ZeRO-Offload: what each rank keeps in host memory
         table.add_row("host memory (offload)", *(human_bytes(x.host_bytes) for x in est.ranks))
     table.add_row("verdict", *("[green]fits[/green]" if x.fits else "[red]does not fit[/red]" for x in est.ranks))

@@ -89,6 +89,8 @@ class TrainingConfig(BaseModel):
     pinning: Pinning = Pinning.none
     cpu_list: str | None = Field(default=None, description="pinning=cpus: a cpulist such as '0-3,8'.")
     threads: int | None = Field(default=None, gt=0, description="Intra-op threads per process (None: torch's default).")
+    lora_r: int | None = Field(default=None, ge=1, le=65536, description="Rank of the LoRA adapters of a workload "
+                               "fine-tuned with LoRA (advisor/finetune.py); None: the rank its fine-tune gives.")
 
     @model_validator(mode="after")
     def _structural(self) -> "TrainingConfig":
@@ -291,6 +293,9 @@ class PeakMemory(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     cpu_rss_bytes: int | None = Field(default=None, description="Peak RSS over RSS before build_model (bytes).")
+    cpu_allocated_bytes: int | None = Field(
+        default=None, description="A CPU rank of a parallel layout: the peak of every thread's live tensor bytes over "
+        "the build and two warm-up steps (advisor/alloclog.py); None without gcc to build the logger (bytes).")
     cuda_allocated_bytes: int | None = Field(default=None, description="torch.cuda.max_memory_allocated (bytes).")
     cuda_reserved_bytes: int | None = Field(default=None, description="torch.cuda.max_memory_reserved (bytes).")
 

@@ -245,8 +245,18 @@ def _import_target(target: str) -> Callable[..., Any]:
 
 
 def load_workload(spec: str, args: dict[str, Any] | None = None) -> Workload:
-    """A preset name (`gpt2-small`), `path/to/file.py:build` or `pkg.module:build` -> Workload."""
+    """A preset name (`gpt2-small`), `path/to/file.py:build`, `pkg.module:build` or `hf:PATH` (a Hugging Face
+    config.json, advisor/presets/hf.py) -> Workload."""
     args = args or {}
+    from advisor.finetune import FINETUNE_ARG, finetuned
+
+    if FINETUNE_ARG in args:  # a fine-tune (advisor/finetune.py) of the workload the other args build
+        return finetuned(load_workload(spec, {k: v for k, v in args.items() if k != FINETUNE_ARG}), args[FINETUNE_ARG])
+    if spec.startswith("hf:"):
+        from advisor.presets.hf import hf_workload
+
+        with _part("build"):
+            return _with_parts(hf_workload(spec.removeprefix("hf:"), **args))
     if ":" not in spec:
         from advisor.presets import get_preset
 

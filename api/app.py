@@ -67,7 +67,7 @@ class AppState:
 
 def create_app(db_url: str | None = None, *, settings: Settings | None = None) -> FastAPI:
     """The service over the store at `db_url` (default: settings' database_url)."""
-    from api import routes
+    from api import curve, routes
     from api.fastpath import RecommendFastPath
     from api.metrics import MetricsMiddleware
     from api.security import BodyLimit
@@ -90,6 +90,7 @@ def create_app(db_url: str | None = None, *, settings: Settings | None = None) -
     app.state.advisor = state
     app.include_router(routes.router)
     app.include_router(routes.v1)
+    app.include_router(curve.v1)
     _errors(app)
     app.add_middleware(RecommendFastPath, cache=state.recommend_cache)  # innermost of ours: after the limit
     app.add_middleware(BodyLimit, limit=settings.api_max_body_bytes)

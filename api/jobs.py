@@ -44,7 +44,7 @@ def tune_request(body: dict, *, db: str | None, ray_address: str | None) -> "Tun
     r = TuneJobRequest.model_validate(body)
     budget = TrialBudget(warmup_steps=2, min_steps=5, min_time_s=r.min_time_s, timeout_s=r.trial_timeout_s,
                          settle_s=r.settle_s)
-    return TuneRequest(workload=r.workload, workload_args=r.workload_args, hardware=r.hardware, space=r.space,
+    return TuneRequest(workload=r.workload, workload_args=r.load_args(), hardware=r.hardware, space=r.space,
                        fixes=r.fixes, objective=r.objective, global_batch_size=r.global_batch_size, sampler=r.sampler,
                        trials=r.trials, time_budget_s=r.time_budget_s, patience=r.patience, seed=r.seed,
                        remeasure=r.remeasure, db=db, ray_address=ray_address, trial_budget=budget)

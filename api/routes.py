@@ -133,17 +133,12 @@ def estimate(body: EstimateRequest, request: Request) -> MemoryEstimate:
     whether it fits, and the largest batch that does, without touching a device. The workload is
     traced in an isolated worker. No calibration run is made for a request: a CPU calibration kept
     on this host is used where there is one (the notes say which; `advisor estimate` may make one)."""
-    import advisor.estimate as estimator
     from advisor import isolation
 
     state = _state(request)
     check_workload(body.workload, state.settings)
-    knobs = estimator.EstimateRequest.of(body.batch_size, precision=body.precision, optimizer=body.optimizer,
-                                         strategy=body.strategy, checkpointing=body.checkpointing,
-                                         fused_backward=body.fused_backward, offload_optimizer=body.offload_optimizer,
-                                         offload_params=body.offload_params, optimizer_impl=body.optimizer_impl)
-    options = estimator.EstimateOptions(calibrate="kept", margin=body.margin)
-    return isolation.estimate(body.workload, body.hardware, knobs, options, workload_args=body.workload_args,
+    knobs, options = body.knobs()
+    return isolation.estimate(body.workload, body.hardware, knobs, options, workload_args=body.load_args(),
                               timeout_s=state.settings.api_estimate_timeout_s, pool=state.pool)
 
 
@@ -200,7 +195,7 @@ def _recommend_bytes(state: AppState, body: RecommendRequest) -> bytes:
     from advisor.isolation import run_isolated
     from advisor.recommend import recommend as recommend_fn
 
-    recs = run_isolated(recommend_fn, body.workload, body.hardware, workload_args=body.workload_args,
+    recs = run_isolated(recommend_fn, body.workload, body.hardware, workload_args=body.load_args(),
                         db=state.db_url, prices=body.prices, spec=body.workload, what="the recommendation",
                         stage=f"loading {body.workload}", timeout_s=state.settings.api_estimate_timeout_s,
                         pool=state.pool)
@@ -236,7 +231,7 @@ def _plan_request(body: PlanRequest, state: AppState):  # noqa: ANN202 (advisor.
 
     known = dict(workload_args=body.workload_args, workload=body.workload, arch=None)
     name = None
-    if ":" in body.workload:
+    if ":" in body.workload and not body.workload.startswith("hf:"):  # hf: configs are the planner's to read
         from advisor.isolation import describe
 
         info = describe(body.workload, body.workload_args, timeout_s=state.settings.api_estimate_timeout_s,

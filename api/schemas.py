@@ -14,6 +14,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from advisor.config import CHECKPOINTING_DOC, Checkpointing, OptimizerKind, Precision, Strategy
+from advisor.finetune import FineTune, with_finetune
 from advisor.parallel.layout import PipelineSchedule
 from advisor.plan.knobs import FIX_KEYS, FixedKnobs
 from advisor.plan.model import Objective
@@ -100,7 +101,20 @@ class WorkloadRef(_In):
     _args = field_validator("workload_args", mode="before")(_check_scalar_args)
 
 
-class EstimateRequest(WorkloadRef):
+class FineTuned(WorkloadRef):
+    """A workload reference that may fine-tune the workload: frozen modules, LoRA adapters (advisor/finetune.py)."""
+
+    finetune: FineTune | None = Field(
+        default=None, description="What of the model trains: `freeze` (module-name patterns, fnmatch) and `lora` "
+        "(adapters on a frozen base: r, alpha, dropout, targets as peft's target_modules). A pattern or targets "
+        "that match no module are a 422.", examples=[{"lora": {"r": 16, "alpha": 32, "targets": ["q_proj", "v_proj"]}}])
+
+    def load_args(self) -> dict[str, Any]:
+        """workload_args with the fine-tune: what advisor.workload.load_workload builds the workload from."""
+        return with_finetune(self.workload_args, self.finetune)
+
+
+class EstimateRequest(FineTuned):
     hardware: str = Field(min_length=1, max_length=100, description="Catalog name[:devices[xnodes]] or 'cpu'.",
                           examples=["h100-sxm"])
     batch_size: int | None = Field(default=None, gt=0, le=1_000_000,
@@ -117,6 +131,18 @@ class EstimateRequest(WorkloadRef):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"workload": "gpt2-small", "hardware": "h100-sxm", "batch_size": 8, "precision": "bf16"}]})
+
+    def knobs(self) -> Any:
+        """The estimator's request and options for this body (advisor.estimate's EstimateRequest, EstimateOptions):
+        a request calibrates nothing, using a CPU calibration kept on the host where there is one."""
+        import advisor.estimate as estimator
+
+        knobs = estimator.EstimateRequest.of(self.batch_size, precision=self.precision, optimizer=self.optimizer,
+                                             strategy=self.strategy, checkpointing=self.checkpointing,
+                                             fused_backward=self.fused_backward,
+                                             offload_optimizer=self.offload_optimizer,
+                                             offload_params=self.offload_params, optimizer_impl=self.optimizer_impl)
+        return knobs, estimator.EstimateOptions(calibrate="kept", margin=self.margin)
 
 
 class LayoutEstimateRequest(WorkloadRef):
@@ -152,7 +178,7 @@ class LayoutEstimateRequest(WorkloadRef):
          "precision": "bf16"}]})
 
 
-class RecommendRequest(WorkloadRef):
+class RecommendRequest(FineTuned):
     hardware: list[str] | str = Field(description="One candidate or several: catalog name[:devices].",
                                       examples=[["a100-80gb", "h100-sxm", "l4"]])
     prices: dict[str, float] | None = Field(default=None, description="USD per device-hour, keyed as in `hardware`; "
@@ -257,7 +283,7 @@ class RecommendResponse(_Out):
     recommendations: list[Recommendation] = Field(description="Best first: fitting, then cost or time per epoch.")
 
 
-class TuneJobRequest(WorkloadRef):
+class TuneJobRequest(FineTuned):
     """What POST /v1/tune queues: `advisor tune`'s options (same names, same defaults)."""
 
     hardware: str = Field(default="local", max_length=100, description="Where the trials run: 'local', 'cpu' or a "

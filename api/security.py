@@ -4,6 +4,7 @@
   with no token configured they are refused (403): a service nobody secured runs nobody's code.
 - A workload named over the API is a built-in preset, or `pkg.module:build` whose module is one
   of ADVISOR_WORKLOAD_MODULES or under one; file paths are never imported on a request's say-so.
+  `hf:PATH` is read as data (a config.json, built by transformers' own classes, never remote code).
 - Bodies larger than ADVISOR_API_MAX_BODY_BYTES are refused (413) before they are read whole.
 """
 
@@ -39,7 +40,7 @@ def check_workload(spec: str, settings: Settings) -> None:
     """403 unless `spec` is a preset or an allowed `pkg.module:function`; 422 if it is neither form."""
     from advisor.presets import PRESETS
 
-    if spec in PRESETS:
+    if spec in PRESETS or spec.startswith("hf:"):
         return
     module, sep, function = spec.partition(":")
     allowed = settings.workload_module_prefixes()

@@ -9,8 +9,9 @@ cp 2 under zero3, tp 2 x cp 2 under zero2, and HSDP 2 groups x 2 under zero3), t
 per-rank figures (advisor.estimate.parallel.estimate_layout, traced under a fake process group) beside every rank
 measured on real ranks (advisor.parallel.measure.run_rank, as measure_ranks runs it), --runs times, two figures a run:
 - `alloc`: the live tensor bytes over every thread of the rank: each tensor's storage comes from c10's CPU allocator
-  (posix_memalign) and goes back through free(); a preloaded shim (SHIM_C, built with gcc) logs both calls, in the
-  order they happen on all threads, between the profiler's start and stop, and their replay's peak is the figure.
+  (posix_memalign) and goes back through free(); a preloaded shim (advisor/alloclog.py, built with gcc) logs both
+  calls, in the order they happen on all threads, between the profiler's start and stop, and their replay's peak is
+  the figure.
   The table gives the lowest run and the spread (highest over lowest).
 - `profiler`: the profiler's figure of the same run (advisor.parallel.measure's): the profiler reports only the
   allocator calls of threads it follows, and gloo's worker threads drop a finished collective's work, the last
@@ -40,6 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from advisor import alloclog  # noqa: E402 - after the repository's root is on the path
 
 GOAL_MEDIAN, GOAL_MAX, GOAL_COMM = 0.01, 0.03, 0.01
 GOAL_SPEED_S = 5.0  # llama-70b at tp 8 x pp 4 x dp 2 (zero3), bf16, batch 8 per replica, on h100-sxm:64
@@ -120,48 +123,6 @@ def run_case(label: str, workload: str, args: dict[str, Any], layout_name: str, 
             "estimate_s": est_s, "ranks": ranks}
 
 
-# LD_PRELOAD shim: logs each posix_memalign (c10's alloc_cpu, every tensor storage on Linux) as "m <bytes> <pointer>"
-# and each free of a 64-byte-aligned pointer (c10's alignment; no other free can end a storage) as "f <pointer>",
-# while ADVISOR_ALLOC_LOG names a file, one write(2) each: the log holds the calls of all threads in their order
-SHIM_C = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <unistd.h>
-static int (*real_memalign)(void **, size_t, size_t);
-static void (*real_free)(void *);
-static int fd = -1;
-static void logline(const char *buf, int len) {
-    const char *path = getenv("ADVISOR_ALLOC_LOG");
-    if (!path) return;
-    if (fd < 0) fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0 && write(fd, buf, len) < 0) fd = -1;
-}
-int posix_memalign(void **pp, size_t align, size_t n) {
-    if (!real_memalign) real_memalign = dlsym(RTLD_NEXT, "posix_memalign");
-    int r = real_memalign(pp, align, n);
-    if (r == 0) { char b[64]; logline(b, snprintf(b, sizeof b, "m %zu %p\n", n, *pp)); }
-    return r;
-}
-void free(void *p) {
-    if (!real_free) real_free = dlsym(RTLD_NEXT, "free");
-    if (p && ((uintptr_t)p & 63) == 0) { char b[48]; logline(b, snprintf(b, sizeof b, "f %p\n", p)); }
-    real_free(p);
-}
-"""
-
-
-def build_shim(directory: str) -> str:
-    """SHIM_C compiled into `directory`; its path."""
-    src, lib = Path(directory) / "alloc_log.c", Path(directory) / "alloc_log.so"
-    src.write_text(SHIM_C)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(src), "-ldl"], check=True)
-    return str(lib)
-
-
 def measure_threads(req: Any, shim: str, timeout_s: float = 600.0) -> list[tuple[Any, int]]:
     """Every rank of `req` on real gloo ranks, as advisor.parallel.measure.measure_ranks runs them, under `shim`:
     per rank (its RankMeasure, with the profiler's figure; the live tensor bytes of all its threads, replayed)."""
@@ -197,36 +158,20 @@ def rank_main(req_json: str) -> None:
     class Logged(torch.profiler.profile):
         def __enter__(self) -> Any:
             entered = super().__enter__()
-            os.environ["ADVISOR_ALLOC_LOG"] = log
+            alloclog.start(log)
             return entered
 
         def __exit__(self, *exc: Any) -> Any:
-            os.environ.pop("ADVISOR_ALLOC_LOG", None)
+            alloclog.stop()
             return super().__exit__(*exc)
 
     torch.profiler.profile = Logged  # run_rank imports it when it runs
     result = run_rank(RankMeasureRequest.model_validate_json(req_json))
     Path(out).write_text(result.model_dump_json())
-    Path(out + ".threads").write_text(str(replay_log(log)))
+    Path(out + ".threads").write_text(str(alloclog.replay(log)))
     sys.stdout.flush()
     time.sleep(0.2)  # trial.GLOO_EXIT_PAUSE_S: gloo's workers finish freeing before the interpreter goes
     os._exit(0)
-
-
-def replay_log(path: str) -> int:
-    """Peak of the live bytes of the storages a shim log records, its calls replayed in order."""
-    live: dict[str, int] = {}
-    cur = peak = 0
-    with open(path) as f:
-        for line in f:
-            kind, *rest = line.split()
-            if kind == "m":
-                live[rest[1]] = int(rest[0])
-                cur += int(rest[0])
-                peak = max(peak, cur)
-            else:
-                cur -= live.pop(rest[0], 0)
-    return peak
 
 
 def _rel(estimate: float, measured: float) -> float:
@@ -295,9 +240,10 @@ def main() -> int:
         rank_main(args.rank)
     from rich.progress import track
 
-    with tempfile.TemporaryDirectory(prefix="advisor-shim-") as d:
-        shim = build_shim(d)
-        results = [run_case(*c, runs=args.runs, shim=shim) for c in track(cases(args.cases), description="cases")]
+    shim = alloclog.shim_path()
+    if shim is None:
+        sys.exit("the storage logger needs gcc (advisor/alloclog.py)")
+    results = [run_case(*c, runs=args.runs, shim=shim) for c in track(cases(args.cases), description="cases")]
     from bench.estimate_accuracy import machine
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout

@@ -176,11 +176,18 @@ def bench_preset(key: str, quick: bool, seeds: int, repeats: int, db: str, run_t
                      study=f"{key}-{sampler}-s{seed}-{run_tag}", verbose=False)
             found = exhaustive["means"].get(r["best_hash"]) if r["best_hash"] else None
             r["ratio"] = found / exhaustive["best"] if found else 0.0
+            # the best of what it measured, by the grid's means: what it found, whichever its own (one) measurement
+            # of each ranked first
+            measured = _grid_values(db, [r["study_id"]], exhaustive["metric"])[0]
+            top = max((exhaustive["means"].get(h, 0.0) for h in measured), default=0.0)
+            r["found_ratio"] = top / exhaustive["best"]
             runs.append(r)
             print(f"  seed {seed} {sampler}: {r['ratio']:.1%} of the grid's best in {r['configurations']} "
                   f"configurations ({r['wall_s']:.0f} s)", flush=True)
     medians = {s: statistics.median(r["ratio"] for r in runs if r["sampler"] == s) for s in SAMPLERS}
-    return {"workload": workload, "workload_args": args, "space": space.name, "grid_size": n,
+    found = {s: statistics.median(r.get("found_ratio", r["ratio"]) for r in runs if r["sampler"] == s)
+             for s in SAMPLERS}
+    return {"median_found": found, "workload": workload, "workload_args": args, "space": space.name, "grid_size": n,
             "baseline_in_grid": base_in_grid, "budget": budget, "exhaustive": exhaustive, "runs": runs,
             "median_ratio": medians, "met": {"ratio": medians["tpe"] >= GOAL_RATIO,
                                              "overhead": (exhaustive["overhead"] or 0.0) <= GOAL_OVERHEAD},
@@ -227,9 +234,15 @@ def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
                      f"{_knobs(r and r['best_config'])} |")
     m = p["median_ratio"]
     median = f"| **median** | **{m['tpe']:.1%}** | | **{_pct(m.get('tpe-plain'))}** | **{_pct(m.get('random'))}** | |"
-    lines += [median, "",
-              f"The tuner reaches >= {GOAL_RATIO:.0%} of the grid's best (median): "
-              f"{'met' if p['met']['ratio'] else 'NOT met'}.", ""]
+    lines += [median]
+    f = p.get("median_found")
+    if f:
+        lines.append(f"| best measured (median) | {f['tpe']:.1%} | | {_pct(f.get('tpe-plain'))} | "
+                     f"{_pct(f.get('random'))} | |")
+    lines += ["", f"The tuner reaches >= {GOAL_RATIO:.0%} of the grid's best (median): "
+              f"{'met' if p['met']['ratio'] else 'NOT met'}. 'Best measured' is the grid's mean value of the best "
+              "configuration each sampler measured, where its own single measurements may have ranked another "
+              "first.", ""]
     return lines
 
 
@@ -240,8 +253,9 @@ def markdown(res: dict[str, Any]) -> str:
              "a configuration's value is the mean of its passes. The seeded studies on the same store reuse those "
              "measurements (same workload, hardware and software fingerprint), so they compare the samplers on "
              "identical numbers; each is scored by the grid's value of the best configuration it found. The "
-             "tuner's default sampler screens each knob, and each pair of knobs known to act together, against "
-             "the baseline, measures the baseline with every winning change, then hands over to multivariate TPE "
+             "tuner's default sampler screens each knob, and each pair of knobs known to act together, from the "
+             "best configuration measured so far (the baseline's bottleneck setting the order), each once more "
+             "where that has moved, then hands over to multivariate TPE "
              "(advisor/tune/screening.py); TPE alone is Optuna's independent TPE with min(5, max(2, budget // 4)) "
              "random start-up trials (advisor/tune/driver.py). The baseline is always the first of the budget.", ""]
     for key, p in res["presets"].items():

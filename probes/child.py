@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 import traceback
 from contextlib import nullcontext
@@ -188,9 +189,10 @@ def _setup(req: ChildRequest, rank: int, local_rank: int) -> tuple[Any, list[str
 def _make_context(workload: Any, c: TrainingConfig, device: str, info: Any) -> Any:
     import torch
 
+    from advisor.finetune import hold_frozen
     from advisor.training import prepare
 
-    model = workload.build().to(device)
+    model = hold_frozen(workload.build(), c.precision).to(device)  # a frozen base moves in its own dtype
     if c.channels_last:
         model = model.to(memory_format=torch.channels_last)
     wrap = make_opt = compile_fn = None
@@ -255,6 +257,7 @@ def run(req: ChildRequest) -> ChildReport:
         torch.cuda.reset_peak_memory_stats()
     mark_peak()  # a forked child starts from its fork server's peak (advisor/procmem.py)
     base_rss = current_rss()  # docs/design.md: the resident set just before build_model()
+    alloc_log = _start_alloc_log(req, c, layout, rank)
     program = _make_program(workload, c, device, rank) if layout.parallel else None
     ctx = program if program is not None else _make_context(workload, c, device, info)
     marks["built"] = time.time()
@@ -264,11 +267,11 @@ def run(req: ChildRequest) -> ChildReport:
     stepper = (_ProgramStepper if program is not None else _Stepper)(ctx, cycle(loader), c, device)
     marks["loader"] = time.time()
     counter = _comm_counter() if program is not None else None
-    warmup, ops = _warm_up(stepper, req, counter)
+    warmup, ops, allocated = _warm_up(stepper, req, counter, alloc_log)
     marks["warm"] = time.time()
     steps, waits = _timed(stepper, req.budget)
     marks["timed"] = time.time()
-    peak = PeakMemory(cpu_rss_bytes=peak_rss() - base_rss)
+    peak = PeakMemory(cpu_rss_bytes=peak_rss() - base_rss, cpu_allocated_bytes=allocated)
     if c.device == "cuda":
         peak = peak.model_copy(update={"cuda_allocated_bytes": torch.cuda.max_memory_allocated(),
                                        "cuda_reserved_bytes": torch.cuda.max_memory_reserved()})
@@ -288,6 +291,17 @@ def run(req: ChildRequest) -> ChildReport:
                        environment=environment(device), digest=digest, notes=notes, marks=marks,
                        compiled_graphs=graphs, coords=program.coords if program is not None else None,
                        comm_bytes=counter.per_step(1) if counter is not None else None)
+
+
+def _start_alloc_log(req: ChildRequest, c: TrainingConfig, layout: Any, rank: int) -> str | None:
+    """Where a CPU rank of a parallel layout logs its storages (advisor/alloclog.py), logging from now; None where
+    the trial is not one or runs without the shim (the fork server preloads it where gcc can build it)."""
+    from advisor import alloclog
+
+    if c.device != "cpu" or not layout.parallel or not alloclog.active():
+        return None
+    path = os.path.join(tempfile.gettempdir(), f"advisor-alloc-{os.getpid()}-{rank}.log")
+    return path if alloclog.start(path) else None
 
 
 def _make_program(workload: Any, c: TrainingConfig, device: str, rank: int) -> Any:
@@ -315,10 +329,21 @@ def _comm_counter() -> Any:
     return CommCounter()
 
 
-def _warm_up(stepper: _Stepper, req: ChildRequest, counter: Any) -> tuple[list[float], int | None]:
-    """Warm-up steps (excluded from timing): their times, and the ops the last one dispatched (eager runs; else
-    None). With `counter`, the last also counts its collectives' bytes: one optimizer step's."""
-    warmup = [stepper.step()[0] for _ in range(req.budget.warmup_steps - 1)]
+def _warm_up(stepper: _Stepper, req: ChildRequest, counter: Any,
+             alloc_log: str | None = None) -> tuple[list[float], int | None, int | None]:
+    """Warm-up steps (excluded from timing): their times, the ops the last one dispatched (eager runs; else
+    None), and the live tensor bytes' peak over the build and the plain steps where `alloc_log` is being written
+    (advisor/alloclog.py; at least two plain steps then, the second with the optimizer state held). With
+    `counter`, the last step also counts its collectives' bytes: one optimizer step's."""
+    plain = max(req.budget.warmup_steps - 1, 2 if alloc_log else 0)
+    warmup = [stepper.step()[0] for _ in range(plain)]
+    allocated = None
+    if alloc_log is not None:  # before the counted step: its dispatch mode moves some frees
+        from advisor import alloclog
+
+        alloclog.stop()
+        allocated = alloclog.replay(alloc_log)
+        os.unlink(alloc_log)
     ops = None
     t = time.perf_counter()
     with counter.mode() if counter is not None else nullcontext():
@@ -327,7 +352,7 @@ def _warm_up(stepper: _Stepper, req: ChildRequest, counter: Any) -> tuple[list[f
         else:
             stepper.step()
     warmup.append(time.perf_counter() - t)
-    return warmup, ops
+    return warmup, ops, allocated
 
 
 def _failure(exc: BaseException, rank: int) -> ChildReport:

@@ -13,10 +13,11 @@ ENTRY = "probes.child:entry"  # each rank runs entry(request_path, log_path)
 
 
 def get_server() -> ForkServer:
-    """This process's trial fork server, started on first use and again if it died."""
-    return _get_server(PRELOAD)
+    """This process's trial fork server, started on first use and again if it died; under the storage logger's
+    shim (advisor/alloclog.py), so a CPU rank of a parallel layout measures its live tensor bytes."""
+    return _get_server(PRELOAD, alloc_log=True)
 
 
 def trial_server() -> ForkServer:
     """A new trial fork server of this process's own (tests that stop it)."""
-    return ForkServer(PRELOAD)
+    return ForkServer(PRELOAD, alloc_log=True)

@@ -259,6 +259,9 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     if isinstance(config, dict):
         config = config_from_dict(config, device=hw.device_type)
+    from advisor.finetune import with_rank
+
+    wargs = with_rank(wargs, config.lora_r)  # the knob's rank builds the adapters, here and in every rank
     try:  # in an isolated worker, within the trial's timeout and memory cap; bad input raises here
         wl = isolation.describe(workload, wargs, timeout_s=budget.timeout_s, memory_cap_bytes=budget.memory_cap_bytes)
     except WorkloadFailed as exc:  # crashed, hung or outgrew its cap while loading: the trial's result
@@ -325,8 +328,11 @@ def _parallel_result(reports: list[ChildReport | None], prediction: Any, wl: Wor
     layout's per-rank estimate. Its peaks are not kept (`_record_peak`): they describe one rank of a layout, not
     the config as the single-device estimator sees it."""
     if prediction is not None and prediction.predicts == "cpu_allocated":
-        notes = [*notes, "the per-rank estimates are of live tensor bytes; a CPU rank's peak is its resident-set "
-                 "growth, which also holds the allocator's and the libraries' memory"]
+        logged = all(rep is not None and rep.peak is not None and rep.peak.cpu_allocated_bytes is not None
+                     for rep in reports)
+        notes = [*notes, "the per-rank estimates are of live tensor bytes: 'allocated' is every thread's, logged "
+                 "over the build and two warm-up steps" if logged else "the per-rank estimates are of live tensor "
+                 "bytes; without gcc to build the storage logger, a CPU rank's only peak is its resident-set growth"]
     ranks = rank_figures(reports, prediction)
     return summarize(reports, wl, hw, config, None, wall, base, notes).model_copy(update={"ranks": ranks})
 

@@ -34,6 +34,8 @@ class SpaceContext(BaseModel):
     decoder: DecoderArch | None = Field(
         default=None, description="The workload's decoder shape: tp must divide its heads, kv_heads and ffn, and pp "
         "cut its layers. None: the workload is not a decoder, and tp and pp stay 1 in a search.")
+    lora: bool = Field(default=False, description="The workload is fine-tuned with LoRA adapters "
+                       "(advisor/finetune.py): lora_r applies.")
 
     @model_validator(mode="after")
     def _check(self) -> "SpaceContext":
@@ -45,12 +47,14 @@ class SpaceContext(BaseModel):
 
     @classmethod
     def for_target(cls, hardware: HardwareSpec, workload: "Workload | WorkloadInfo", *,
-                   global_batch_size: int | None = None, device_count: int | None = None) -> "SpaceContext":
-        """The context for `workload` on `hardware`: every device of one node unless told otherwise."""
+                   global_batch_size: int | None = None, device_count: int | None = None,
+                   lora: bool = False) -> "SpaceContext":
+        """The context for `workload` on `hardware`: every device of one node unless told otherwise; `lora`:
+        the workload's arguments carry a LoRA fine-tune."""
         return cls(hardware=hardware, conv_net=workload.conv_net,
                    device_count=device_count or hardware.devices_per_node,
                    default_batch_size=workload.default_batch_size, global_batch_size=global_batch_size,
-                   decoder=workload.decoder)
+                   decoder=workload.decoder, lora=lora)
 
     @property
     def device(self) -> str:
@@ -65,6 +69,7 @@ class SpaceContext(BaseModel):
             "supports_fp16": acc.supports_fp16, "supports_tf32": acc.supports_tf32, "conv_net": self.conv_net,
             "cpu_cores": self.hardware.cpu_cores, "numa_nodes": self.hardware.numa_nodes,
             "default_batch_size": self.default_batch_size, "global_batch_size": self.global_batch_size,
+            "lora": self.lora,
         }
 
 

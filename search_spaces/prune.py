@@ -96,8 +96,10 @@ def feasibility(workload: "Workload | str", workload_args: dict[str, Any] | None
     measures what it does, and `reason` says why there was no estimate. A tp or pp layout is estimated per
     pipeline rank (advisor.estimate.parallel): its fullest rank against usable memory.
     """
+    from advisor.finetune import with_rank
     from advisor.peaks import default_peaks
 
+    workload_args = with_rank(workload_args, config.lora_r)  # the knob's rank builds the adapters
     # a measured peak added since (a trial's, probes/protocol.py) refines the estimate: decide again
     key = (_workload_key(workload), json.dumps(workload_args or {}, sort_keys=True, default=str),
            hardware.model_dump_json(), margin, memory_key(config), default_peaks().version())

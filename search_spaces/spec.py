@@ -25,7 +25,7 @@ ORDER: tuple[str, ...] = (
     "tp", "pp", "cp", "pp_schedule", "virtual_stages", "microbatches", "micro_batch_size", "strategy", "nproc",
     "batch_size", "grad_accum", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "precision",
     "compile_mode", "optimizer", "optimizer_impl", "fused_backward", "checkpointing", "channels_last", "pinning",
-    "cpu_list", "threads",
+    "cpu_list", "threads", "lora_r",
 )
 # Set from the knobs before them and the device count, never searched: what each follows.
 DERIVED: dict[str, str] = {
@@ -36,10 +36,10 @@ KNOBS: tuple[str, ...] = tuple(k for k in ORDER if k not in DERIVED)
 # Facts about the target a condition may test (SpaceContext.facts()).
 FACTS: tuple[str, ...] = (
     "device", "device_count", "supports_bf16", "fast_bf16", "supports_fp16", "supports_tf32", "conv_net", "cpu_cores",
-    "numa_nodes", "default_batch_size", "global_batch_size",
+    "numa_nodes", "default_batch_size", "global_batch_size", "lora",
 )
 INT_KNOBS = ("batch_size", "grad_accum", "num_workers", "prefetch_factor", "threads", "tp", "pp", "cp", "microbatches",
-             "micro_batch_size")
+             "micro_batch_size", "lora_r")
 BOOL_KNOBS = ("pin_memory", "persistent_workers", "fused_backward", "channels_last")
 # Categorical knobs that also take YAML's booleans: checkpointing (none, selective, full) reads true as full, false none
 BOOLEAN_ALIASES = ("checkpointing",)

@@ -39,6 +39,14 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, requ
     that is not valid (an unknown preset, a sharded strategy on one device), EstimateError where the
     workload cannot be estimated.
     """
+    return estimate_fitted(workload, hardware, request, options, workload_args=workload_args)[0]
+
+
+def estimate_fitted(workload: Workload | str, hardware: HardwareSpec | str, request: EstimateRequest | None = None,
+                    options: EstimateOptions | None = None, *,
+                    workload_args: dict[str, Any] | None = None) -> tuple[MemoryEstimate, Evaluator]:
+    """estimate_memory's answer, and the evaluator it rests on: `Evaluator.total(b)` gives the request's
+    per-device bytes at any batch size b without tracing again (curve.py)."""
     t0 = time.perf_counter()
     case = _case(workload, hardware, request, options or EstimateOptions(), workload_args)
     hw, req, batch = case.hw, case.req, case.req.batch_size
@@ -52,9 +60,9 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, requ
     notes += trace_notes(bm.trace_a, case.wl.name, hw, reduce_gpu)
     fit = _fit(case, bm, bool(calibrating) and used != "analytic", notes)
     tr, _, parts, ov = fit.ev.at(batch, runs=True)
-    total, _ = fit.ev.total(batch, runs=True)
+    total, runtime = fit.ev.total(batch, runs=True)
     breakdown = _breakdown(parts, total)
-    fits = total + ov.runtime <= usable
+    fits = total + runtime <= usable
     by_strategy = _largest(case, fit, usable, probe_gpu, notes)
     own = req.strategy.value
     if not fits and by_strategy[own] >= batch:  # real runs at the batch outweigh the line there
@@ -62,14 +70,15 @@ def estimate_memory(workload: Workload | str, hardware: HardwareSpec | str, requ
                      "not fit")
         by_strategy[own] = batch - 1
     step_s, samples_s = _roofline(hw, req, tr, breakdown.activations, notes)
-    return MemoryEstimate(
+    answer = MemoryEstimate(
         workload=case.wl.name, hardware=hw.accelerator.name, request=req, world_size=hw.world_size,
         predicts=_predicts(hw), total_bytes=total, allocated_bytes=ov.allocated, breakdown=breakdown,
-        runtime_bytes=ov.runtime, device_memory_bytes=hw.memory_per_device_bytes, usable_bytes=usable, fits=fits,
+        runtime_bytes=runtime, device_memory_bytes=hw.memory_per_device_bytes, usable_bytes=usable, fits=fits,
         max_batch_size=by_strategy[own], max_batch_by_strategy=by_strategy, method=used,
         calibrated=fit.calibrated, refined_by=len(fit.points), num_params=tr.num_params,
         flops_per_step=tr.flops_per_step, predicted_step_s=step_s, predicted_samples_per_s=samples_s, notes=notes,
         seconds=time.perf_counter() - t0)
+    return answer, fit.ev
 
 
 def _resolve(workload: Workload | str, hardware: HardwareSpec | str, workload_args: dict[str, Any] | None):

@@ -73,11 +73,14 @@ class Evaluator:
 
     def total(self, b: int, strategy: Strategy | None = None, runs: bool = False) -> tuple[int, int]:
         """(total, runtime) at batch b (bytes); measured peaks refine the request's own strategy only.
-        `runs`: as in `at`."""
+        runtime: the CUDA context and, over several GPUs, NCCL's buffers (nccl.py). `runs`: as in `at`."""
+        from advisor.estimate.nccl import data_parallel_bytes
+
         _, _, _, ov = self.at(b, strategy, runs)
+        runtime = ov.runtime + data_parallel_bytes(self.hw, strategy or self.req.strategy)
         if self.refined is not None and strategy in (None, self.req.strategy):
-            return self.refined.total(b, self.predicted_total), ov.runtime
-        return ov.total, ov.runtime
+            return self.refined.total(b, self.predicted_total), runtime
+        return ov.total, runtime
 
     def device_bytes(self, b: int, strategy: Strategy | None = None) -> int:
         return sum(self.total(b, strategy))

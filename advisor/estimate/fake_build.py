@@ -164,10 +164,11 @@ def distribution_checks_off():
             Distribution.set_default_validate_args(saved)
 
 
-def build_model(workload: Workload, fake_mode: Any, skip_init: bool) -> Any:
+def build_model(workload: Workload, fake_mode: Any, skip_init: bool, precision: Any = None) -> Any:
     """`workload.build_model()`, its tensors made this fake mode's (`_adopt_copies`) where it is one; on
     fake tensors, a build that reads a tensor's value raises BuildReadsValues for `trace_training` to
-    build again with the initializers skipped."""
+    build again with the initializers skipped. With `precision`, a fine-tune's frozen base is held in the
+    dtype that precision gives it (advisor.finetune.hold_frozen), as a trial builds it."""
     try:
         with _initializers_skipped() if skip_init else contextlib.nullcontext(), warnings.catch_warnings():
             # copy.deepcopy of a fake parameter asks for its data pointer (torch/_tensor.py): torch's warning
@@ -181,6 +182,10 @@ def build_model(workload: Workload, fake_mode: Any, skip_init: bool) -> Any:
         if fake_mode is not None and not skip_init and "DataDependent" in type(exc).__name__:
             raise BuildReadsValues(str(exc)) from exc
         raise
+    if precision is not None:
+        from advisor.finetune import hold_frozen
+
+        model = hold_frozen(model, precision)
     return _adopt_copies(model, fake_mode) if fake_mode is not None else model
 
 

@@ -118,7 +118,8 @@ class MemoryEstimate(BaseModel):
     allocated_bytes: int = Field(description="Predicted peak of live tensor bytes per device (bytes).")
     breakdown: Breakdown
     runtime_bytes: int = Field(default=0,
-                               description="CUDA context and library workspaces, outside the allocator (bytes).")
+                               description="CUDA context and library workspaces, and over several GPUs NCCL's "
+                               "buffers (nccl.py), outside the allocator (bytes).")
     device_memory_bytes: int = Field(description="Memory of one device (bytes).")
     usable_bytes: int = Field(description="Device memory less the safety margin (bytes).")
     fits: bool

@@ -30,6 +30,8 @@ class RankEstimate(BaseModel):
     comm_bytes: dict[str, int] = Field(description="Collective payload bytes per optimizer step, by kind "
                                        "(advisor/parallel/comm.py).")
     fits: bool
+    nccl_bytes: int = Field(default=0, description="NCCL's communicator buffers on each of these GPUs, outside the "
+                            "allocator and beside the CUDA context (advisor/estimate/nccl.py; 0 on a CPU) (bytes).")
     host_bytes: int = Field(default=0, description="Host memory each of these ranks keeps under ZeRO-Offload: the "
                             "optimizer state, and the parameters and gradients (its shards under ZeRO) the host's "
                             "step reads and writes; 0 without offload (bytes).")
@@ -105,6 +107,7 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
     a model that is not a decoder), EstimateError where it cannot be traced."""
     from advisor.estimate.estimator import _local_cpu, _margin, _resolve
     from advisor.estimate.model import EstimateOptions
+    from advisor.estimate.nccl import layout_bytes
     from advisor.estimate.offload import offload_problem, offloads
     from advisor.estimate.rank_trace import trace_rank
 
@@ -144,13 +147,15 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
             ([r for r in members if layout.coords(r)["tp"] != 0], rt.peer_trace)]
         stages = [pp_rank + v * layout.pp for v in range(layout.virtual_stages)]
         layers = sum(split[s] for s in stages) if split else 0
+        nccl = layout_bytes(hw, layout, pp_rank) if cuda else 0
         for group, group_trace in groups:
             estimate, runtime = _rank_estimate(group_trace, req, cuda, usable, ranks=group, stages=stages,
-                                               layers=layers, comm_bytes=comm)
+                                               layers=layers, comm_bytes=comm, nccl_bytes=nccl)
             ranks.append(estimate)
     num_params = _param_count(wl, meta)
     if cuda:
-        notes.append("NCCL's communicator buffers are not counted")
+        notes.append("nccl_bytes: NCCL's communicator buffers, modelled from its default buffer sizes and channel "
+                     "counts (advisor/estimate/nccl.py)")
     if method == "analytic":
         notes.append("analytic: per-layer decoder formulas (Korthikanti et al. 2022) at the schedule's moments")
     if offloads(req):
@@ -167,7 +172,7 @@ def estimate_layout(workload: Any, hardware: Any, layout: Layout, request: Estim
 def _rank_estimate(trace: Any, req: EstimateRequest, cuda: bool, usable: int,
                    **fields: Any) -> tuple[RankEstimate, int]:
     """(The RankEstimate of the ranks whose peak `trace` is, the CUDA context's bytes (0 on a CPU)); `fields`:
-    RankEstimate's ranks, stages, layers and comm_bytes."""
+    RankEstimate's ranks, stages, layers, comm_bytes and nccl_bytes."""
     from advisor.estimate.offload import host_bytes, on_device
     from advisor.estimate.strategy import peak_breakdown
 
@@ -180,8 +185,9 @@ def _rank_estimate(trace: Any, req: EstimateRequest, cuda: bool, usable: int,
         ov = cuda_overhead(trace, allocated)
         total, allocated, runtime = ov.total, ov.allocated, ov.runtime
     parts["overhead"] = max(total - sum(parts.values()), 0)
+    outside = runtime + fields.get("nccl_bytes", 0)
     return RankEstimate(total_bytes=total, allocated_bytes=allocated, breakdown=Breakdown(**parts),
-                        fits=total + runtime <= usable, host_bytes=host, **fields), runtime
+                        fits=total + outside <= usable, host_bytes=host, **fields), runtime
 
 
 def layout_method(wl: Any, layout: Layout, method: str) -> Literal["traced", "analytic"]:
@@ -189,11 +195,12 @@ def layout_method(wl: Any, layout: Layout, method: str) -> Literal["traced", "an
     tensor-parallel rank, params / (tp x pp), exceed settings.trace_param_limit / 8, traced otherwise: the limit
     bounds one device's trace, and a rank's costs more per parameter (DTensor and the schedule add work to every
     op) and runs once per pipeline rank. SpecError for "analytic" without a decoder."""
-    if layout.strategy == Strategy.ddp and layout.grad_ranks > 1:
-        # DDP's reducer reads its gradients' memory as it is built: a fake tensor has none to read
+    if layout.strategy in (Strategy.ddp, Strategy.zero1) and layout.grad_ranks > 1:
+        # DDP's reducer (zero1's too) reads its gradients' memory as it is built: a fake tensor has none to read
         if method == "traced" or wl.decoder is None:
-            raise SpecError("a layout with ddp replicas cannot be traced (DDP reads its gradients' memory as it is "
-                            "built); use --method analytic or auto, or zero2 / zero3 for the replicas")
+            raise SpecError(f"a layout with {layout.strategy.value} replicas cannot be traced (DDP reads its "
+                            "gradients' memory as it is built); use --method analytic or auto, or zero2 / zero3 "
+                            "for the replicas")
         return "analytic"
     if method == "traced":
         return "traced"

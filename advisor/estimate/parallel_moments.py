@@ -120,7 +120,7 @@ class RankMemory:
                  knobs: StepKnobs = StepKnobs()) -> None:
         self.arch, self.layout, self.d, self.stages, self.pp_rank = arch, layout, d, stages, pp_rank
         dp = layout.fsdp_shards if layout.strategy.sharded else layout.grad_ranks
-        self.fsdp = layout.grad_ranks > 1 and layout.strategy in (Strategy.zero1, Strategy.zero2, Strategy.zero3)
+        self.fsdp = layout.grad_ranks > 1 and layout.strategy in (Strategy.zero2, Strategy.zero3)
         self.zero3 = self.fsdp and layout.strategy == Strategy.zero3
         rows = (lambda n: -(-n // dp)) if self.fsdp else (lambda n: n)
         shapes = [(rows(a), b) for st in stages for u in st.units for a, b in u]
@@ -131,16 +131,19 @@ class RankMemory:
                         for ps, ws in zip(self.padded, self.units)]
         self.whole = [sum(u) for u in self.units]  # each stage's units unsharded (bytes)
         self.at_shards = [sum(u) for u in self.sharded]  # each stage's units at rest (bytes)
-        self.state = state_bytes(shapes, optimizer, d.r)
-        if optimizer == OptimizerKind.sgd_momentum and not self.fsdp:  # its buffer clones the (whole-table) gradient
+        zero1 = layout.grad_ranks > 1 and layout.strategy == Strategy.zero1
+        owned = zero_partition(shapes, layout.grad_ranks) if zero1 else shapes
+        self.state = state_bytes(owned, optimizer, d.r)
+        if optimizer == OptimizerKind.sgd_momentum and not (self.fsdp or zero1):  # clones the whole-table gradient
             self.state += sum(st.grad_extra for st in stages)
-        self.step_temps = step_temps(shapes, optimizer, impl, d.r)
+        self.step_temps = step_temps(owned, optimizer, impl, d.r)
         self.copies = sum(st.linear for st in stages) * d.c if d.autocast else 0
         # without pp, autocast's cache dies as forward ends: a checkpointed block saved no weight copy, and its
         # recompute makes its own again, one block at a time
         recomputed = [st for st in stages if Checkpointing(checkpointing) == Checkpointing.full and st.layers >= 2]
         self.freed = sum((st.layers - 1) * st.block_linear for st in recomputed) * d.c * (d.autocast and not d.pp)
-        self.buckets = sum(map(sum, self.units)) if layout.strategy == Strategy.ddp and layout.grad_ranks > 1 else 0
+        ddp = layout.strategy in (Strategy.ddp, Strategy.zero1) and layout.grad_ranks > 1
+        self.buckets = sum(map(sum, self.units)) if ddp else 0  # DDP's gradient buckets (zero1: DDP + ZeRO's optimizer)
         self.kept = batch_size * (arch.seq_len + 1) * 8 + sum(st.buffers for st in stages)  # token ids, pp buffers
         self.held = knobs.grad_accum > 1  # the last micro-step of a step starts with the others' gradients
         # parameters at rest, gradients at the step, optimizer state (bytes), wherever offload keeps them
@@ -330,6 +333,18 @@ class RankMemory:
         extra = st.head_grad + buffer + max(buffer * d.gloo, st.block_bwd[0]) + bth * d.r
         freed = st.head_grad // d.r * d.c * d.autocast  # the output layer's weight copy, its backward done
         return [output, self._now(acts - st.head, extra, units[-1] + block, freed=freed + self.freed)]
+
+
+def zero_partition(shapes: list[tuple[int, int]], ranks: int) -> list[tuple[int, int]]:
+    """The parameters ZeroRedundancyOptimizer gives its fullest rank of `ranks`: largest first, each to the rank
+    holding the fewest elements so far (torch.distributed.optim's greedy partition, one parameter group)."""
+    owned: list[list[tuple[int, int]]] = [[] for _ in range(ranks)]
+    sizes = [0] * ranks
+    for a, b in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
+        rank = sizes.index(min(sizes))
+        owned[rank].append((a, b))
+        sizes[rank] += a * b
+    return owned[sizes.index(max(sizes))]
 
 
 def state_bytes(shapes: list[tuple[int, int]], optimizer: OptimizerKind, r: int) -> int:

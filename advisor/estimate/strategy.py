@@ -48,7 +48,7 @@ def constant_extras(req: EstimateRequest, trace: Trace, world: int) -> dict[int,
     """Bytes a strategy adds for the whole step, by category (buckets, gathered units)."""
     unit = trace.largest_block_bytes or trace.param_bytes
     extras: dict[int, int] = {}
-    if req.strategy == Strategy.ddp and world > 1:
+    if req.strategy in (Strategy.ddp, Strategy.zero1) and world > 1:  # zero1 is DDP under ZeroRedundancyOptimizer
         extras[GRADS] = trace.grad_bytes
     if req.strategy in (Strategy.zero2, Strategy.zero3) and world > 1:
         extras[GRADS] = min(unit, trace.grad_bytes)

@@ -137,7 +137,7 @@ def _trace_training(workload: Workload, batch_size: int, *, precision: Precision
                                                                                            device, fake):
             torch.manual_seed(0)
             with tracker.off_device(on_cuda):
-                model = build_model(workload, fake_mode, skip_init)
+                model = build_model(workload, fake_mode, skip_init, precision)
             if on_cuda:
                 moved_to_device(model, tracker)
             num_params, block_bytes = _watch_parameters(model, tracker)

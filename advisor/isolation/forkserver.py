@@ -158,13 +158,17 @@ class ForkedProcess:
 class ForkServer:
     """Starts `python -m advisor.isolation.forkserver PRELOAD...` and forks through it; thread-safe."""
 
-    def __init__(self, preload: list[str]) -> None:
+    def __init__(self, preload: list[str], alloc_log: bool = False) -> None:
         from advisor.settings import get_settings
 
         # Inductor fixes its cache dir when it is imported, which the server does in PRELOAD: give
         # it the advisor's now, so compiled trials share one cache (under the data dir) per run.
         env = dict(os.environ)
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(get_settings().data_dir / "inductor"))
+        if alloc_log:  # its forks can log their tensor storages (advisor/alloclog.py)
+            from advisor.alloclog import preload_env
+
+            env = preload_env(env)
         self.proc = subprocess.Popen([sys.executable, "-m", "advisor.isolation.forkserver", *preload],
                                      stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, bufsize=0, env=env)
@@ -221,16 +225,17 @@ class ForkServer:
 
 
 _LOCK = threading.Lock()
-_SERVERS: dict[tuple[str, ...], ForkServer] = {}
+_SERVERS: dict[tuple[str | bool, ...], ForkServer] = {}
 
 
-def get_server(preload: list[str]) -> ForkServer:
-    """This process's server for `preload`, started on first use and again if it died."""
-    key = tuple(preload)
+def get_server(preload: list[str], alloc_log: bool = False) -> ForkServer:
+    """This process's server for `preload` (`alloc_log`: under the storage logger's shim), started on first use
+    and again if it died."""
+    key = (*preload, alloc_log)
     with _LOCK:
         server = _SERVERS.get(key)
         if server is None or not server.alive():
-            server = _SERVERS[key] = ForkServer(preload)
+            server = _SERVERS[key] = ForkServer(preload, alloc_log)
         return server
 
 

@@ -131,21 +131,17 @@ def structural_problems(lay: Layout) -> list[str]:
                    "use strategy single, or more processes than tp x pp")
     if reducing > 1 and lay.strategy == Strategy.single:
         out.append(f"dp {lay.dp} x cp {lay.cp} ranks average their gradients, which needs a data-parallel "
-                   "strategy: ddp, zero2 or zero3" if lay.cp > 1 else
-                   f"dp {lay.dp} needs a data-parallel strategy: ddp, zero2 or zero3")
+                   "strategy: ddp, zero1, zero2 or zero3" if lay.cp > 1 else
+                   f"dp {lay.dp} needs a data-parallel strategy: ddp, zero1, zero2 or zero3")
     if reducing > 1 and lay.tp > 1 and lay.strategy in (Strategy.ddp, Strategy.zero1):
         out.append(f"strategy {lay.strategy.value} cannot hold tensor-parallel (DTensor) parameters; "
                    "with tp > 1 use zero2 or zero3 (FSDP2) for the data-parallel part")
-    if lay.dp > 1 and lay.pp > 1 and lay.strategy == Strategy.zero1:
-        out.append("strategy zero1 is not composed with pp; use ddp, zero2 or zero3")
     if lay.dp % lay.dp_replicate:
         out.append(f"dp_replicate {lay.dp_replicate} does not divide dp {lay.dp}; HSDP needs dp = dp_replicate x "
                    "dp_shard")
     elif lay.dp_replicate > 1 and lay.strategy not in (Strategy.zero2, Strategy.zero3):
         out.append(f"dp_replicate {lay.dp_replicate} (HSDP) shards within each group: use strategy zero2 or zero3, "
                    f"not {lay.strategy.value}")
-    if lay.cp > 1 and lay.strategy == Strategy.zero1:
-        out.append("strategy zero1 is not composed with cp; use ddp, zero2 or zero3")
     if lay.schedule.looped and lay.pp > 1 and lay.virtual_stages < 2:
         out.append("schedule interleaved-1f1b needs virtual_stages >= 2 (stages per pipeline rank)")
     if not lay.schedule.looped and lay.virtual_stages > 1:

@@ -52,7 +52,7 @@ def build_program(workload: Workload, layout: Layout, *, rank: int, device_type:
         return _pipeline_program(workload, layout, mesh, coords, device=device, device_type=device_type,
                                  precision=precision, optimizer=optimizer, optimizer_impl=optimizer_impl,
                                  checkpointing=checkpointing, batch_size=batch_size)
-    from advisor.training import make_optimizer, prepare, train_step
+    from advisor.training import prepare, train_step
 
     model = _built_on_meta(workload)
     if model is not None:
@@ -69,8 +69,7 @@ def build_program(workload: Workload, layout: Layout, *, rank: int, device_type:
     ctx = prepare(model, workload.loss_fn, precision=precision, optimizer=optimizer, device_type=device_type,
                   optimizer_impl=optimizer_impl, checkpointing=checkpointing,
                   wrap=lambda m: _data_parallel(m, layout, mesh, precision),
-                  make_opt=lambda m: make_optimizer(optimizer, [p for p in m.parameters() if p.requires_grad],
-                                                    optimizer_impl))
+                  make_opt=lambda m: _make_optimizer(layout, mesh, optimizer, m, optimizer_impl))
 
     def step(batch: Any, phase: Callable[[str], None] | None = None, *, loss_scale: float = 1.0,
              optimizer_step: bool = True, **kwargs: Any) -> Any:
@@ -153,7 +152,7 @@ def _data_parallel(module: nn.Module, layout: Layout, mesh: Any, precision: Prec
         module.to(torch.bfloat16)  # FSDP2 and DDP size their buffers from the dtype at wrap time
     if layout.grad_ranks == 1:
         return module
-    if layout.strategy == Strategy.ddp:
+    if layout.strategy in (Strategy.ddp, Strategy.zero1):  # zero1: DDP, its optimizer sharded (_make_optimizer)
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(module, process_group=mesh["dp_cp"].get_group())
@@ -169,6 +168,21 @@ def _data_parallel(module: nn.Module, layout: Layout, mesh: Any, precision: Prec
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     return module
+
+
+def _make_optimizer(layout: Layout, mesh: Any, kind: OptimizerKind, model: nn.Module,
+                    impl: str | None) -> torch.optim.Optimizer:
+    """The optimizer of `model`'s trainable parameters: under zero1, ZeroRedundancyOptimizer over the ranks that
+    average gradients (dp x cp), each stepping its greedy share and broadcasting it; else one optimizer."""
+    from advisor.training import make_optimizer, optimizer_spec
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if layout.strategy != Strategy.zero1 or layout.grad_ranks == 1:
+        return make_optimizer(kind, params, impl)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    cls, kw = optimizer_spec(kind, impl)
+    return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=mesh["dp_cp"].get_group(), **kw)
 
 
 def materialize(module: nn.Module, device: Any) -> None:
@@ -200,7 +214,7 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
     """Under pp: this rank's stages built from a meta-device decoder, sharded, scheduled."""
     from advisor.parallel.pipeline import build_stages, make_schedule
     from advisor.presets._util import token_cross_entropy
-    from advisor.training import apply_activation_checkpointing, make_optimizer
+    from advisor.training import apply_activation_checkpointing
 
     arch = workload.decoder
     if arch is None:
@@ -233,7 +247,7 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
                              vocab=arch.vocab, tp_shards=layout.tp if layout.sequence_parallel else 1,
                              loss_fn=token_cross_entropy, hidden_dtype=dtype, logits_dtype=autocast or dtype)
     model = nn.ModuleList(stages)
-    opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], optimizer_impl)
+    opt = _make_optimizer(layout, mesh, optimizer, model, optimizer_impl)
     first, last = stages[0].first, stages[-1].last
 
     def step(batch: Any, phase: Callable[[str], None] | None = None, *, loss_scale: float = 1.0,

@@ -18,7 +18,8 @@ from advisor.workload import DecoderArch
 class DeviceMemory:
     """What the fullest device of a plan holds at its peak (bytes)."""
 
-    parts: dict[str, int]  # parameters, gradients, optimizer_state, activations, temporaries, overhead, runtime
+    # parameters, gradients, optimizer_state, activations, temporaries, overhead, runtime, nccl
+    parts: dict[str, int]
     total: int  # reserved by the allocator plus the CUDA context: what the device must have free
     fits: bool
 
@@ -35,23 +36,29 @@ def device_memory(arch: DecoderArch, hw: HardwareSpec, config: PlanConfig, usabl
                   ranks: tuple[int, ...] | None = None) -> DeviceMemory:
     """The peak over the pipeline ranks `ranks` (default: every one; `peak_ranks` those that can hold it) of
     `config`, as estimate_layout(method="analytic") predicts it with the optimizer fused on CUDA."""
+    from advisor.estimate.nccl import layout_bytes
+
     cuda = hw.device_type == "cuda"
-    best: dict[str, int] | None = None
+    layout = config.layout()
+    best: tuple[int, int, dict[str, int]] | None = None
     for pp_rank in ranks if ranks is not None else range(config.pp):
         parts = rank_peak(arch, config, pp_rank, hw.device_type)
-        if best is None or sum(parts.values()) > sum(best.values()):
-            best = parts
-    allocated = sum(best.values())
-    reserved = int(allocated * SYNTHETIC_RESERVED_RATIO) if cuda else allocated
+        nccl = layout_bytes(hw, layout, pp_rank) if cuda else 0
+        reserved = int(sum(parts.values()) * SYNTHETIC_RESERVED_RATIO) if cuda else sum(parts.values())
+        if best is None or reserved + nccl > best[0] + best[1]:
+            best = (reserved, nccl, parts)
+    reserved, nccl, peak = best
     runtime = RUNTIME_BYTES if cuda else 0
-    parts = {**best, "overhead": reserved - allocated, "runtime": runtime}
-    return DeviceMemory(parts=parts, total=reserved + runtime, fits=reserved + runtime <= usable)
+    parts = {**peak, "overhead": reserved - sum(peak.values()), "runtime": runtime, "nccl": nccl}
+    total = reserved + runtime + nccl
+    return DeviceMemory(parts=parts, total=total, fits=total <= usable)
 
 
 def held_bytes(arch: DecoderArch, hw: HardwareSpec, config: PlanConfig) -> int:
     """A floor under the peak of `config`: what its first or last pipeline rank holds throughout the step (its
     parameters at rest and optimizer state), as reserved on CUDA, context included (bytes). It takes no walk
     through the schedule, as rank_peak does, and rules out most meshes of a large model at a fraction of the cost."""
+    from advisor.estimate.nccl import layout_bytes
     from advisor.estimate.parallel_analytic import rank_memory
     from advisor.estimate.parallel_moments import StepKnobs
 
@@ -64,7 +71,9 @@ def held_bytes(arch: DecoderArch, hw: HardwareSpec, config: PlanConfig) -> int:
                              checkpointing=config.checkpointing, optimizer_impl="fused" if cuda else None,
                              device_type=hw.device_type, knobs=knobs)
         held = max(held, mem.params + mem.state)
-    return int(held * SYNTHETIC_RESERVED_RATIO) + RUNTIME_BYTES if cuda else held
+    # the NCCL buffers every rank holds at least: those of its pipeline's first (or only) rank
+    return int(held * SYNTHETIC_RESERVED_RATIO) + RUNTIME_BYTES + layout_bytes(hw, config.layout(), 0) if cuda \
+        else held
 
 
 def rank_peak(arch: DecoderArch, config: PlanConfig, pp_rank: int, device_type: str) -> dict[str, int]:
@@ -91,7 +100,8 @@ def _analytic(arch: DecoderArch, config: PlanConfig, pp_rank: int, device_type: 
 
 
 def peak_ranks(layout: Layout) -> tuple[int, ...]:
-    """The pipeline ranks whose peak can be the largest when the layers split evenly: the first (embedding, most
+    """The pipeline ranks whose peak can be the largest when the layers split evenly, or with the remainder to the
+    first stages (Layout.split: no later rank holds more layers than the second): the first (embedding, most
     micro-batches in flight), the second (the most in flight of the ranks holding layers alone: 1F1B's warm-up
     shrinks with the rank) and the last (the output layer and the loss)."""
     return tuple(sorted({0, min(1, layout.pp - 1), layout.pp - 1}))

@@ -73,9 +73,10 @@ class Plan(BaseModel):
     devices: int
     config: PlanConfig
     memory_per_device_bytes: int = Field(description="Peak device memory of the fullest rank: reserved by the "
-                                         "allocator plus the CUDA context (bytes).")
+                                         "allocator, the CUDA context and NCCL's buffers (bytes).")
     memory: dict[str, int] = Field(description="That peak by part: parameters, gradients, optimizer_state, "
-                                   "activations, temporaries, overhead (allocator), runtime (CUDA context) (bytes).")
+                                   "activations, temporaries, overhead (allocator), runtime (CUDA context), nccl "
+                                   "(NCCL's buffers) (bytes).")
     usable_bytes: int = Field(description="Device memory a plan may take, the margin kept free (bytes).")
     fits: bool
     step_time_s: float = Field(description="Seconds per optimizer step.")

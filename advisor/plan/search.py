@@ -71,6 +71,9 @@ def plan(request: PlanRequest) -> PlanResult:
                         f"{', '.join(request.prices) or 'none'}")
     board = Board(request.top, objective)
     plans, closest, considered, timed, notes, fits, failed = [], [], 0, 0, [], False, []
+    if (request.workload or "").startswith("hf:"):
+        notes.append(f"{name}: planned as the advisor's decoder of the config's shape (its layers, widths, heads, "
+                     "vocabulary and norm), not transformers' own modules")
     for hw in hardware:
         target = Target(arch, hw, usable_bytes(hw, request.margin), request.prices.get(hw.accelerator.name))
         try:
@@ -217,7 +220,13 @@ def resolve_arch(request: PlanRequest) -> tuple[DecoderArch, str]:
     if request.arch is not None:
         return request.arch, "decoder"
     spec = request.workload
-    if ":" in spec:  # the user's code runs in an isolated worker
+    if spec.startswith("hf:"):  # a config read as data, built by transformers' own classes: no user code
+        from advisor.presets.hf import hf_decoder_arch
+        from advisor.workload import load_workload
+
+        wl = load_workload(spec, request.workload_args)
+        arch, name = hf_decoder_arch(wl), wl.name
+    elif ":" in spec:  # the user's code runs in an isolated worker
         from advisor.isolation import describe
 
         info = describe(spec, request.workload_args)
@@ -229,7 +238,8 @@ def resolve_arch(request: PlanRequest) -> tuple[DecoderArch, str]:
         arch, name = wl.decoder, wl.name
     if arch is None:
         raise SpecError(f"{spec} is not a decoder; the planner covers decoder models: the gpt2-*, llama-* and "
-                        "decoder presets (-w decoder -a layers=... -a hidden=...)")
+                        "decoder presets (-w decoder -a layers=... -a hidden=...), and hf: causal LMs of the llama, "
+                        "mistral, qwen2, qwen3, gpt2 and gpt_neox families")
     return arch, name
 
 

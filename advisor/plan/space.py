@@ -92,7 +92,8 @@ def _problems(config: PlanConfig, world: int, arch: DecoderArch) -> list[str]:
 
 def _meshes(arch: DecoderArch, hw: HardwareSpec, fixed: FixedKnobs, why: Rejections) -> Iterator[tuple[int, ...]]:
     """(tp, cp, pp) that divide the devices and the model: tp within a node and dividing heads, kv_heads and the
-    FFN; cp a power of 2 whose 2 x cp chunks split the sequence; pp dividing the layers (no tied output)."""
+    FFN; cp a power of 2 whose 2 x cp chunks split the sequence; pp at most the layers (no tied output), the
+    layers split as evenly as they allow, the remainder to the first stages (Layout.split)."""
     world = hw.world_size
     for tp in _divisors(world) if fixed.tp is None else [fixed.tp]:
         if world % tp:
@@ -112,10 +113,11 @@ def _meshes(arch: DecoderArch, hw: HardwareSpec, fixed: FixedKnobs, why: Rejecti
                 why.add(f"cp {cp} needs seq_len {arch.seq_len} a multiple of {2 * cp} and tp x cp = {tp * cp} "
                         f"dividing the {world} devices")
                 continue
-            for pp in _divisors(arch.layers) if fixed.pp is None else [fixed.pp]:
-                if (world // (tp * cp)) % pp or arch.layers % pp:
-                    why.add(f"pp {pp} needs to divide the model's {arch.layers} layers and the {world // (tp * cp)} "
-                            f"devices left by tp {tp} x cp {cp}")
+            left = world // (tp * cp)
+            for pp in _divisors(left) if fixed.pp is None else [fixed.pp]:
+                if left % pp or pp > arch.layers:
+                    why.add(f"pp {pp} needs to divide the {left} devices left by tp {tp} x cp {cp} and to be at "
+                            f"most the model's {arch.layers} layers")
                     continue
                 if pp > 1 and arch.tied_embeddings:
                     why.add("pp needs an untied output layer; the model ties it to its embedding "
@@ -139,9 +141,8 @@ def _strategies(hw: HardwareSpec, dp: int, tp: int, cp: int, pp: int, fixed: Fix
         strategies = [Strategy.single]
     elif frugal:
         strategies = [Strategy.zero3]  # the least memory of the four
-    else:  # DTensor parameters (tp) need FSDP2; zero1 is not composed with pp or cp (layout.py)
-        strategies = [s for s in STRATEGIES if not (tp > 1 and s in (Strategy.ddp, Strategy.zero1))
-                      and not ((pp > 1 or cp > 1) and s == Strategy.zero1)]
+    else:  # DTensor parameters (tp) need FSDP2: DDP (and zero1, DDP under a sharded optimizer) cannot hold them
+        strategies = [s for s in STRATEGIES if not (tp > 1 and s in (Strategy.ddp, Strategy.zero1))]
     for replicate in replicas:
         for strategy in strategies:
             if replicate == 1 or strategy in (Strategy.zero2, Strategy.zero3) or fixed.strategy is not None:
@@ -159,15 +160,17 @@ def _schedules(arch: DecoderArch, pp: int, fixed: FixedKnobs, frugal: bool,
             why.add("a pipeline schedule and virtual_stages need pp > 1")
         return
     per_rank = arch.layers // pp
+    virtual = _virtual(arch.layers, pp)
     options = [(PipelineSchedule.one_f_one_b, 1)]
     if not frugal or fixed.schedule == PipelineSchedule.interleaved_1f1b:
-        options += [(PipelineSchedule.interleaved_1f1b, v) for v in _divisors(per_rank) if v >= 2]
+        options += [(PipelineSchedule.interleaved_1f1b, v) for v in virtual]
     kept = [(s, v) for s, v in options
             if (fixed.schedule or s) == s and (fixed.virtual_stages or v) == v]
     if not kept:
         why.add(f"schedule {(fixed.schedule or PipelineSchedule.interleaved_1f1b).value} with virtual_stages "
-                f"{fixed.virtual_stages} does not split the {per_rank} layers of each of pp {pp} ranks evenly; "
-                f"virtual_stages may be {', '.join(str(v) for v in _divisors(per_rank) if v >= 2) or 'none'}")
+                f"{fixed.virtual_stages} does not split the {arch.layers} layers over pp {pp} ranks ({per_rank} "
+                f"or more each) into stages of near-equal size; virtual_stages may be "
+                f"{', '.join(map(str, virtual)) or 'none'}")
     yield from kept[:1] if frugal else kept
 
 
@@ -198,6 +201,13 @@ def _sizes(per_replica: int, base: PlanConfig, fixed: FixedKnobs, why: Rejection
                 f"{per_replica} samples each of the dp {base.dp} replicas takes per step (under pp: microbatches, "
                 "else grad_accum)")
     return tuple(out)
+
+
+def _virtual(layers: int, pp: int) -> list[int]:
+    """Virtual stages (2 or more) per pipeline rank that cut `layers` into pp x v stages of at least one layer
+    whose sizes differ by at most one: divisors of the layers per rank, rounded down or up."""
+    low, high = layers // pp, -(-layers // pp)
+    return sorted({v for n in (low, high) for v in _divisors(n) if v >= 2 and pp * v <= layers})
 
 
 def _divisors(n: int) -> list[int]:

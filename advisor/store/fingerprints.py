@@ -24,16 +24,17 @@ def config_hash(config: "TrainingConfig") -> str:
     # checkpointing was a boolean when configurations were first stored: none and full hash as False and True did,
     # so those hashes stay what they were
     knobs["checkpointing"] = config.checkpointing.legacy
-    # the parallel-layout knobs came after configurations were first stored: left out while at their defaults
-    # (every configuration without tp or pp), those hashes stay what they were
-    for key, default in LAYOUT_DEFAULTS.items():
+    # the parallel-layout knobs and lora_r came after configurations were first stored: left out while at their
+    # defaults (every configuration without tp, pp or a LoRA rank), those hashes stay what they were
+    for key, default in LATER_DEFAULTS.items():
         if knobs.get(key) == default:
             knobs.pop(key, None)
     return _digest(knobs)
 
 
-LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "dp_replicate": 1, "pp_schedule": "1f1b", "microbatches": None,
-                   "micro_batch_size": None, "virtual_stages": 1, "stage_layers": None, "sequence_parallel": True}
+LATER_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "dp_replicate": 1, "pp_schedule": "1f1b", "microbatches": None,
+                  "micro_batch_size": None, "virtual_stages": 1, "stage_layers": None, "sequence_parallel": True,
+                  "lora_r": None}
 
 
 def hardware_fingerprint(hw: "HardwareSpec") -> str:

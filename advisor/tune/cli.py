@@ -46,15 +46,15 @@ def _request(args: argparse.Namespace):
     from pydantic import ValidationError
 
     from advisor.errors import invalid_input
+    from advisor.finetune import cli_workload_args
     from advisor.trial import TrialBudget
     from advisor.tune.request import TuneRequest
-    from advisor.workload import parse_workload_args
     from search_spaces import parse_fixes
 
     try:
         budget = TrialBudget(warmup_steps=2, min_steps=args.min_steps, min_time_s=args.min_time,
                              timeout_s=args.trial_timeout, settle_s=args.settle)
-        return TuneRequest(workload=args.workload, workload_args=parse_workload_args(args.workload_arg),
+        return TuneRequest(workload=args.workload, workload_args=cli_workload_args(args),
                            hardware=args.hardware, space=args.space, fixes=parse_fixes(args.fix),
                            objective=args.objective, global_batch_size=args.global_batch_size, sampler=args.sampler,
                            trials=args.trials, time_budget_s=args.time_budget, patience=args.patience, seed=args.seed,

@@ -46,10 +46,10 @@ def _sampler(req: TuneRequest):
     import optuna
 
     name = req.resolved_sampler()
-    if name == "tpe":  # the screen spends all but the combination's trial at most (one screen at least); TPE the rest
+    if name == "tpe":  # the screen may spend every trial but the baseline (one screen at least); TPE the rest
         from advisor.tune.screening import ScreeningSampler
 
-        return ScreeningSampler(_tpe(req, multivariate=True), max_screens=max(1, req.trials - 2))
+        return ScreeningSampler(_tpe(req, multivariate=True), max_screens=max(1, req.trials - 1))
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=req.seed)
     if name == "random":
@@ -101,7 +101,7 @@ def _seed_reference(storage, store, space, context, ctx: StudyContext, study, ba
     values = [metrics["objective"]] + ([metrics["memory"]] if len(ctx.objective.metrics) > 1 else [])
     ot_study = optuna.create_study(storage=storage, study_name=study.optuna_study_name, load_if_exists=True,
                                    directions=[m.direction for m in ctx.objective.metrics])
-    add_reference(ot_study, fixed.params, fixed.distributions, values)
+    add_reference(ot_study, fixed.params, fixed.distributions, values, bottleneck=found[0].bottleneck)
 
 
 def _optuna_storage(url: str):
@@ -321,14 +321,18 @@ def _prepare(req: TuneRequest, *, pool=None, timeout_s: float | None = None):  #
     """Workload, hardware, space, context and baseline; SpecError for anything the user got wrong. The workload
     is loaded in an isolated worker of `pool` (default: this process's) within `timeout_s` (default: settings')."""
     from advisor import isolation
+    from advisor.finetune import has_lora
     from advisor.hardware import get_hardware
     from search_spaces import SpaceContext, apply_fixes, baseline, load_space
 
     hw = get_hardware(req.hardware)
+    if req.fixes.get("lora_r") is not None and not has_lora(req.workload_args):
+        raise SpecError("--fix lora_r needs a LoRA fine-tune (--lora r=R --lora-targets NAMES)")
     wl = isolation.describe(req.workload, req.workload_args, pool=pool, timeout_s=timeout_s)
     space = apply_fixes(load_space(req.space), req.fixes)
     try:
-        context = SpaceContext.for_target(hw, wl, global_batch_size=req.global_batch_size)
+        context = SpaceContext.for_target(hw, wl, global_batch_size=req.global_batch_size,
+                                          lora=has_lora(req.workload_args))
     except ValueError as exc:
         raise SpecError(str(exc).splitlines()[-1]) from exc
     return wl, hw, space, context, baseline(context)
@@ -354,6 +358,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     """Tune `req.workload` on `req.hardware`; see the module docstring. Returns the study's summary.
     `on_result(result, done, total)` after each trial; `on_study(StudyRecord)` once the study is open."""
     from advisor.store import config_hash, open_store
+    from advisor.tune.seeds import planner_seeds
 
     t0 = time.monotonic()
     req = req.absolute()
@@ -370,7 +375,11 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     done = {r.config_hash for r in records if r.status not in (RecordStatus.running, RecordStatus.interrupted)}
     queued = ([] if config_hash(base) in done else [base]) + retries
     remaining = max(0, req.trials - len(done))
-    stats = {"interrupted": interrupted, "retried": len(retries), "resumed_from": len(done)}
+    # the planner's fastest plans next (GPUs, a decoder), within the trial budget
+    seeds = [c for c in planner_seeds(wl.decoder, hw, space, context, base)
+             if config_hash(c) not in done][:max(0, remaining - len(queued))]
+    queued += seeds
+    stats = {"interrupted": interrupted, "retried": len(retries), "resumed_from": len(done), "planned": len(seeds)}
     if remaining:
         stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result))
     store.finish_study(study.id)

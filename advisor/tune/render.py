@@ -45,6 +45,8 @@ def summary_table(s: TuneSummary) -> None:
     for key in ("resumed_from", "interrupted", "retried"):
         if s.stats.get(key):
             console.print(f"{key.replace('_', ' ')}: {s.stats[key]}")
+    if s.stats.get("planned"):
+        console.print(f"run first after the baseline: the planner's {s.stats['planned']} fastest plans (advisor plan)")
     if s.stats.get("stopped_because"):
         console.print(f"stopped: {s.stats['stopped_because']}")
     if s.best is not None:

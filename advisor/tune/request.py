@@ -62,7 +62,9 @@ class TuneRequest(BaseModel):
         """Workload and space files made absolute, so Ray workers (other working dirs) find them."""
         update: dict[str, Any] = {}
         path, sep, attr = self.workload.rpartition(":")
-        if sep and (path.endswith(".py") or "/" in path):
+        if self.workload.startswith("hf:"):
+            update["workload"] = f"hf:{Path(self.workload.removeprefix('hf:')).expanduser().resolve()}"
+        elif sep and (path.endswith(".py") or "/" in path):
             update["workload"] = f"{Path(path).resolve()}:{attr}"
         if self.space.endswith((".yaml", ".yml")) or "/" in self.space:
             update["space"] = str(Path(self.space).resolve())

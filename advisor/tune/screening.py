@@ -1,15 +1,19 @@
-"""The tuner's opening moves: screen each knob, and the pairs of knobs known to act together, against
-the baseline; combine the winners; then multivariate TPE.
+"""The tuner's opening moves: screen each knob, and the pairs of knobs known to act together, each from the
+best configuration measured so far; then multivariate TPE.
 
 A small budget leaves TPE a handful of mostly random start-up draws. Many training knobs act on
 throughput one at a time (workers feed the step whatever the precision), so a two-level screen measures
-them cheaply: from the reference (the baseline, always measured first) change one knob to its farthest
-value, one trial per knob. Some act only together: bf16 autocast on a CPU adds a cast per op, which only
-torch.compile fuses away, so bf16 alone and compile alone can each lose to fp32 eager while the pair wins.
-A one-knob screen never tries that pair, so each pair of INTERACTIONS is screened too, right after its
-second knob. Then the reference with every winning change; TPE (multivariate, so it models knobs jointly)
-learns from all of it. The reference enters the Optuna study as a finished trial (`add_reference`), so a
-resumed study screens from the same point and does not screen a knob twice.
+them cheaply: change one knob to its farthest value, one trial per knob. Each screen starts from the incumbent,
+the best of the reference (the baseline, always measured first) and the screens so far, so a change that won
+is kept for the next ones: knobs that pay only together are found in turn (on a CPU, threads=1 beside two
+DataLoader workers loses under fp32 and wins under bf16). Some act only as a pair: bf16 autocast on a CPU adds a
+cast per op, which only torch.compile fuses away, so bf16 alone and compile alone can each lose to fp32 eager
+while the pair wins. So each pair of INTERACTIONS is screened too, right after its second knob. Once every
+knob and pair is screened, each is tried once more from the incumbent where that has moved since. The order
+follows the baseline's bottleneck where it is known (an input-bound step screens the input pipeline first).
+TPE (multivariate, so it models knobs jointly) learns from all of it. The reference enters the Optuna study as
+a finished trial (`add_reference`), so a resumed study screens from the same point and does not screen a knob
+twice.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ if TYPE_CHECKING:
     from optuna import Study
 
 REFERENCE_ATTR = "advisor_reference"  # user attribute marking the reference trial
-ROLE_ATTR = "advisor_screen"  # system attribute: what a screening trial was for ("knob=value" or "combination")
+BOTTLENECK_ATTR = "advisor_bottleneck"  # user attribute: the reference's verdict (input-, compute-, overhead-bound)
+ROLE_ATTR = "advisor_screen"  # system attribute: what a screening trial was for ("knob=value", "again:knob=value")
 # What PyTorch does with a knob our config leaves unset (None) once a change opens it.
 OPENED_DEFAULTS = {"prefetch_factor": 2}  # DataLoader's default with workers
 # The order knobs are screened in when the budget cannot screen them all: what usually moves
@@ -40,6 +45,10 @@ IMPACT = ("precision", "compile_mode", "batch_size", "num_workers", "strategy", 
 # precision x channels_last: oneDNN's and cuDNN's fast low-precision convolutions want NHWC.
 # num_workers x threads: DataLoader workers take cores from the step's intra-op threads.
 # compile_mode x checkpointing: compile fuses the recomputed forward, which eager mode runs op by op.
+# What a bottleneck verdict puts first: the knobs that act on the part of the step that binds.
+FIRST = {"input-bound": ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "threads"),
+         "overhead-bound": ("compile_mode", "batch_size")}
+AGAIN = "again:"  # role prefix of a screen tried once more from a moved incumbent
 INTERACTIONS: tuple[tuple[str, str], ...] = (
     ("precision", "compile_mode"), ("precision", "batch_size"), ("precision", "channels_last"),
     ("num_workers", "threads"), ("compile_mode", "checkpointing"))
@@ -62,12 +71,11 @@ def farthest(distribution: BaseDistribution, value: Any) -> Any:
 
 
 class ScreeningSampler(BaseSampler):
-    """Two-level screen from the reference trial (knobs alone and INTERACTIONS' pairs), one
-    combination of the winners, then `base`.
+    """Two-level screen from the incumbent (knobs alone and INTERACTIONS' pairs), each once more where the
+    incumbent moved since, then `base`.
 
-    `max_screens` caps the screening trials (the driver leaves one trial of the budget for the
-    combination): knobs are screened in IMPACT order, the rest left to `base`. Single-objective
-    (maximize) only.
+    `max_screens` caps the screening trials: knobs are screened in IMPACT order (the reference's bottleneck
+    first), the rest left to `base`. Single-objective (maximize) only.
     """
 
     def __init__(self, base: BaseSampler, max_screens: int) -> None:
@@ -83,8 +91,12 @@ class ScreeningSampler(BaseSampler):
 
     def _screens(self, ref: FrozenTrial) -> list[dict[str, Any]]:
         """The changes to screen, each {knob: other level}: every knob of the reference that has another
-        value, in IMPACT order, each pair of INTERACTIONS right after the second of its knobs."""
-        rank = {k: i for i, k in enumerate(IMPACT)}
+        value, in IMPACT order after the knobs its bottleneck puts FIRST, each pair of INTERACTIONS right after
+        the second of its knobs."""
+        order = (*FIRST.get(ref.user_attrs.get(BOTTLENECK_ATTR), ()), *IMPACT)
+        rank: dict[str, int] = {}
+        for k in order:
+            rank.setdefault(k, len(rank))
         knobs = sorted(ref.params, key=lambda k: (rank.get(k, len(rank)), k))
         others = {k: farthest(ref.distributions[k], ref.params[k]) for k in knobs}
         out: list[dict[str, Any]] = []
@@ -94,28 +106,34 @@ class ScreeningSampler(BaseSampler):
             out += [{a: others[a], b: others[b]} for a, b in INTERACTIONS
                     if (a == knob and b in done) or (b == knob and a in done)]
             done.append(knob)
-        return out[: self._max_screens]
+        return out
 
     def plan(self, study: "Study", number: int) -> tuple[str, dict[str, Any]] | None:
-        """(role, params) for trial `number`: the next unscreened change (a knob, a pair), else the combination of the
-        winners once every screen has finished, else None (the base sampler decides)."""
+        """(role, params) for trial `number`: the incumbent with the next unscreened change (a knob, a pair),
+        then with each change once more (where that makes a configuration not yet measured; first those that act
+        together with a knob the incumbent moved), else None (the base sampler decides)."""
         trials = [t for t in study.get_trials(deepcopy=False) if t.number != number]
         ref = self._reference(trials)
-        if ref is None or not self._max_screens:
+        if ref is None:
+            return None
+        screened = [t for t in trials if t.system_attrs.get(ROLE_ATTR)]
+        if len(screened) >= self._max_screens:
             return None
         live = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)]
         roles = {t.system_attrs.get(ROLE_ATTR) for t in trials}  # a failed screen is not tried again
+        best = max((t for t in [ref, *screened] if t.state == TrialState.COMPLETE and t.values),
+                   key=lambda t: t.values[0])
         screens = self._screens(ref)
-        for change in screens:
-            role = _role(change)
-            if role not in roles and not any(_matches(t.params, {**ref.params, **change}) for t in live):
-                return role, {**ref.params, **change}
-        if "combination" in roles or any(t.state != TrialState.COMPLETE for t in live if t.system_attrs.get(ROLE_ATTR)):
-            return None  # combined already, or a screen still running: its verdict is not in yet
-        combined = {**ref.params, **_winners(screens, ref, live)}
-        if combined == ref.params or any(_matches(t.params, combined) for t in live):
-            return None  # nothing won, or what won is measured already
-        return "combination", combined
+        moved = {k for k, v in best.params.items() if ref.params.get(k) != v}
+        # once more: first the changes whose knob acts together with one the incumbent has moved since
+        partners = {k for pair in INTERACTIONS if moved & set(pair) for k in pair} - moved
+        again = sorted(screens, key=lambda c: not partners & set(c))
+        for prefix, changes in (("", screens), (AGAIN, again)):
+            for change in changes:  # a pair whose one change the incumbent holds screens the other from it
+                role, params = prefix + _role(change), {**best.params, **change}
+                if role not in roles and not any(_matches(t.params, params) for t in live):
+                    return role, params
+        return None
 
     # -- Optuna's sampler interface ----------------------------------------------------------
 
@@ -161,23 +179,6 @@ class ScreeningSampler(BaseSampler):
         self._base.reseed_rng()
 
 
-def _winners(screens: list[dict[str, Any]], ref: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
-    """The changes worth combining: a knob whose screen beat the reference, and a pair that beat the
-    reference and each of its knobs alone (a pair that wins only through one of its knobs adds nothing)."""
-    def value(change: dict[str, Any]) -> float | None:
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values and
-                _matches(t.params, {**ref.params, **change})]
-        return done[0].values[0] if done else None
-
-    out: dict[str, Any] = {}
-    for change in screens:
-        v = value(change)
-        alone = [value({k: other}) for k, other in change.items()] if len(change) > 1 else []
-        if v is not None and v > max([ref.values[0], *(a for a in alone if a is not None)]):
-            out.update(change)
-    return out
-
-
 def _role(change: dict[str, Any]) -> str:
     """What a screening trial is for, as stored: "precision='bf16'" or "precision='bf16',compile_mode='default'"."""
     return ",".join(f"{k}={v!r}" for k, v in change.items())
@@ -209,13 +210,15 @@ def _config_default(knob: str) -> Any:
 
 
 def add_reference(study: "optuna.Study", params: dict[str, Any], distributions: dict[str, BaseDistribution],
-                  values: list[float]) -> bool:
+                  values: list[float], bottleneck: str | None = None) -> bool:
     """Put the measured reference (the baseline) into the Optuna study as a finished trial, once:
-    samplers learn from it and the screen starts from it. False if it is there already."""
+    samplers learn from it and the screen starts from it, in the order its `bottleneck` verdict (the trial's
+    Bottleneck.verdict) sets. False if it is there already."""
     if any(t.user_attrs.get(REFERENCE_ATTR) for t in study.get_trials(deepcopy=False)):
         return False
+    attrs = {REFERENCE_ATTR: True, **({BOTTLENECK_ATTR: bottleneck} if bottleneck else {})}
     study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, values=values,
-                                              user_attrs={REFERENCE_ATTR: True}))
+                                              user_attrs=attrs))
     return True
 
 

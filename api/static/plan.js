@@ -5,7 +5,7 @@
 
 const MEMORY_PARTS = [
   ["parameters", "#1f77b4"], ["gradients", "#ff7f0e"], ["optimizer_state", "#2ca02c"], ["activations", "#d62728"],
-  ["temporaries", "#9467bd"], ["overhead", "#8c564b"], ["runtime", "#7f7f7f"],
+  ["temporaries", "#9467bd"], ["overhead", "#8c564b"], ["runtime", "#7f7f7f"], ["nccl", "#bcbd22"],
 ];
 const TIME_PARTS = [
   ["compute_s", "compute", "#2563eb"], ["exposed_comm_s", "exposed comm", "#f59e0b"], ["bubble_s", "bubble", "#9aa5b1"],
@@ -13,19 +13,20 @@ const TIME_PARTS = [
 ];
 const BAR_W = 420, BAR_H = 18; // px of a bar's viewBox
 const plan = { loaded: false, seq: 0 };
+const VIEWS = ["tune", "plan", "estimate"];
 
 // ---- the view --------------------------------------------------------------------------------------
 
+// Shows one view (its tab pressed), hides the others; the Estimate view keeps its own hash (estimate.js).
 function showView(which) {
-  const planning = which === "plan";
-  $("#tune-view").hidden = planning;
-  $("#plan-view").hidden = !planning;
-  $("#tab-tune").setAttribute("aria-pressed", String(!planning));
-  $("#tab-plan").setAttribute("aria-pressed", String(planning));
-  if (planning) {
+  for (const view of VIEWS) {
+    $(`#${view}-view`).hidden = view !== which;
+    $(`#tab-${view}`).setAttribute("aria-pressed", String(view === which));
+  }
+  if (which === "plan") {
     history.replaceState(null, "", "#plan");
     if (!plan.loaded) loadPlanChoices();
-  } else if (location.hash === "#plan") {
+  } else if (which === "tune" && /^#(plan|estimate)\b/.test(location.hash)) {
     history.replaceState(null, "", location.pathname + location.search);
   }
 }

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from advisor.config import Strategy
 from advisor.errors import SpecError
 from advisor.estimate import EstimateOptions, EstimateRequest, MemoryEstimate, estimate_memory
 from advisor.measure import MeasureRequest, measure
@@ -113,10 +114,22 @@ def test_zero3_shards_parameters_gradients_and_optimizer_state(by_strategy) -> N
 
 
 def test_zero1_shards_only_optimizer_state(by_strategy) -> None:
-    single, zero1 = by_strategy["single"], by_strategy["zero1"]
+    single, zero1, ddp = by_strategy["single"], by_strategy["zero1"], by_strategy["ddp"]
     assert zero1["optimizer_state"] == pytest.approx(single["optimizer_state"] / 4, rel=0.02)
     assert zero1["parameters"] == single["parameters"]
-    assert zero1["gradients"] == single["gradients"]
+    assert zero1["gradients"] == ddp["gradients"]  # zero1 runs under DDP, whose buckets copy every gradient
+
+
+def test_nccl_buffers_are_counted_outside_the_allocator(strategy_estimates) -> None:
+    from advisor.estimate.nccl import data_parallel_bytes
+    from advisor.hardware import get_hardware
+
+    single, ddp, zero3 = (strategy_estimates[k] for k in ("single", "ddp", "zero3"))
+    hw = get_hardware("a100-80gb:4")
+    # DDP's all-reduce connects NCCL's tree beside its ring: twice the buffers of zero3's ring collectives
+    assert data_parallel_bytes(hw, Strategy.ddp) == 2 * data_parallel_bytes(hw, Strategy.zero3) > 100 * 2**20
+    assert ddp.runtime_bytes - single.runtime_bytes == data_parallel_bytes(hw, Strategy.ddp)
+    assert zero3.runtime_bytes - single.runtime_bytes == data_parallel_bytes(hw, Strategy.zero3)
 
 
 def test_ddp_adds_gradient_buckets(by_strategy) -> None:

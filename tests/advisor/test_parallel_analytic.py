@@ -122,6 +122,29 @@ def test_llama_70b_layout_is_estimated_in_well_under_a_second_and_fits_sensibly(
     assert small.peak.total_bytes > small.peak.allocated_bytes  # the CUDA allocator's share is counted
 
 
+def test_zero1_under_a_pipeline_shards_only_the_optimizer_state_and_counts_nccl_on_gpus() -> None:
+    """zero1 is DDP (its buckets copy every gradient) with ZeroRedundancyOptimizer: each dp rank steps the greedy
+    share of the stage's parameters; on GPUs each rank adds NCCL's buffers for its groups and pipeline peers."""
+    from advisor.estimate.nccl import layout_bytes
+    from advisor.estimate.parallel_moments import zero_partition
+    from advisor.hardware import get_hardware
+
+    def estimate(strategy: str):
+        return estimate_layout("llama-8b", "h100-sxm:8", Layout(pp=2, dp=4, strategy=strategy, microbatches=4),
+                               EstimateRequest(batch_size=4, precision=Precision.bf16))
+
+    ddp, zero1 = estimate("ddp"), estimate("zero1")
+    assert zero1.method == ddp.method == "analytic"
+    for a, b in zip(ddp.ranks, zero1.ranks):
+        assert b.breakdown.gradients == a.breakdown.gradients > 0
+        assert b.breakdown.parameters == a.breakdown.parameters
+        # a quarter of the state, give or take the greedy partition's imbalance of whole tensors
+        assert 0.25 <= b.breakdown.optimizer_state / a.breakdown.optimizer_state < 0.3
+        assert b.nccl_bytes == layout_bytes(get_hardware("h100-sxm:8"), zero1.layout, b.stages[0]) > 0
+    # 4 to one rank, 3 and 2 to the other, the last 2 back to the first: the fuller holds 4 + 2
+    assert zero_partition([(4, 1), (3, 1), (2, 1), (2, 1)], 2) == [(4, 1), (2, 1)]
+
+
 def test_analytic_method_needs_a_decoder_and_auto_traces_small_ones() -> None:
     with pytest.raises(SpecError, match="decoder"):
         estimate_layout("tiny-mlp", "cpu:2", Layout(tp=2), EstimateRequest(batch_size=2), method="analytic")

@@ -56,7 +56,8 @@ def test_a_fixed_configuration_is_what_the_estimator_and_step_model_say():
     req = EstimateRequest(batch_size=32, precision=Precision.bf16, optimizer=OptimizerKind.adamw,
                           checkpointing=Checkpointing.full, optimizer_impl="fused")
     est = estimate_layout("llama-8b", hw, c.layout(), req, method="analytic")
-    assert p.memory_per_device_bytes == est.peak.total_bytes + est.runtime_bytes
+    assert p.memory_per_device_bytes == est.peak.total_bytes + est.runtime_bytes + est.peak.nccl_bytes
+    assert p.memory["nccl"] == est.peak.nccl_bytes > 0  # tp 4's ring, dp 2's, the pipeline's neighbour
     assert p.fits == est.fits
     step = predict_step(get_preset("llama-8b")().decoder, hw, c.layout(), micro_batch_size=1, grad_accum=1,
                         precision=Precision.bf16, checkpointing=Checkpointing.full, optimizer=OptimizerKind.adamw)

@@ -11,7 +11,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
@@ -139,3 +139,48 @@ def artifact_dir() -> Path:
     path = Path(os.environ.get("ADVISOR_TEST_ARTIFACTS", ROOT / ".data" / "test-artifacts"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# -- the web page in headless Chromium ---------------------------------------------------------------
+TIMEOUT_MS = 30_000  # a page action's default wait
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("ADVISOR_TEST_BROWSER") == "required":
+        pytest.fail(f"ADVISOR_TEST_BROWSER=required but {reason}")
+    pytest.skip(f"{reason} (set ADVISOR_TEST_BROWSER=required to make this a failure)")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for a test module's page tests (each launch costs seconds). Needs the `playwright`
+    package and Chromium at /usr/bin/chromium: where either is missing the tests skip, or fail where
+    ADVISOR_TEST_BROWSER=required."""
+    try:
+        from playwright.sync_api import Error, sync_playwright
+    except ImportError:
+        _unavailable("the Python package playwright is not installed (pip install -e '.[test]')")
+    if not CHROMIUM.is_file():
+        _unavailable(f"Chromium is not installed at {CHROMIUM}")
+    with sync_playwright() as pw:
+        try:
+            chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        except Error as exc:
+            _unavailable(f"Chromium at {CHROMIUM} does not start: {str(exc).splitlines()[0]}")
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page that records script errors; the test asserts there were none."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.script_errors = []
+    pg.on("pageerror", lambda exc: pg.script_errors.append(str(exc)))
+    yield pg
+    context.close()

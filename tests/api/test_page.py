@@ -3,62 +3,20 @@ trials: the plots carry one mark per trial the API reports, the best-configs tab
 fastest trial, a click switches the study, and API errors and user text show as text. The plan view
 posts its form to /v1/plan and draws the answer: a row and two stacked bars per plan, or what would fit.
 
-Needs the `playwright` package and Chromium at /usr/bin/chromium: where either is missing the
-tests skip, or fail where ADVISOR_TEST_BROWSER=required.
+Needs the `playwright` package and Chromium at /usr/bin/chromium (conftest.py's `browser` fixture).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-TIMEOUT_MS = 30_000
 PLAN_TIMEOUT_MS = 180_000  # the first plan waits for the isolated worker's fork server (torch's import) too
 MIN_SCREENSHOT_BYTES = 20_000  # a blank 1280-px page is a few kB; tables and three plots are far more
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("ADVISOR_TEST_BROWSER") == "required":
-        pytest.fail(f"ADVISOR_TEST_BROWSER=required but {reason}")
-    pytest.skip(f"{reason} (set ADVISOR_TEST_BROWSER=required to make this a failure)")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """One headless Chromium for this module's tests (each launch costs seconds)."""
-    try:
-        from playwright.sync_api import Error, sync_playwright
-    except ImportError:
-        _unavailable("the Python package playwright is not installed (pip install -e '.[test]')")
-    if not CHROMIUM.is_file():
-        _unavailable(f"Chromium is not installed at {CHROMIUM}")
-    with sync_playwright() as pw:
-        try:
-            chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        except Error as exc:
-            _unavailable(f"Chromium at {CHROMIUM} does not start: {str(exc).splitlines()[0]}")
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    """A fresh page that records script errors; the test asserts there were none."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.script_errors = []
-    pg.on("pageerror", lambda exc: pg.script_errors.append(str(exc)))
-    yield pg
-    context.close()
 
 
 def _rate_key(trials: list[dict]) -> str:

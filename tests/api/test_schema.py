@@ -13,7 +13,7 @@ from api_common import TOKEN
 EXAMPLES = 20  # per operation
 # Estimate and recommend build and trace the model when the generated workload is a real preset
 # (the schema's examples name some): ~1-2 s a case, so fewer cases there.
-HEAVY, HEAVY_EXAMPLES = {"POST /v1/estimate", "POST /v1/recommend"}, 8
+HEAVY, HEAVY_EXAMPLES = {"POST /v1/estimate", "POST /v1/estimate/curve", "POST /v1/recommend"}, 8
 # Schema-valid is not always valid: an unknown preset or hardware name is a well-formed string the
 # schema cannot enumerate (user workloads exist), and the answer is a 422 naming what is allowed.
 SEMANTIC = positive_data_acceptance

@@ -63,6 +63,8 @@ def test_a_pipeline_trial_sends_and_receives_between_stages_beside_its_estimate(
         # the per-rank estimate, made before the ranks started, sits beside each rank's figures
         assert f.predicted_total_bytes and f.predicted_allocated_bytes, r.notes
         assert f.predicted_comm_bytes.keys() == f.comm_bytes.keys()
+        # every thread's live tensor bytes (gloo frees on its own threads), as the per-rank estimate predicts them
+        assert f.peak.cpu_allocated_bytes == pytest.approx(f.predicted_allocated_bytes, rel=0.03), r.notes
     assert r.predicted_memory_bytes is None  # the single-device estimate does not describe a pipeline rank
 
 
@@ -100,6 +102,17 @@ def test_ddp_replicas_of_a_pipeline_all_reduce_their_stages_gradients_once_a_ste
     for f in r.ranks:
         # every gradient of the rank's stage all-reduced once per optimizer step, not once per accumulated batch
         assert f.comm_bytes["all_reduce"] == f.predicted_comm_bytes["all_reduce"] > 0
+
+
+@pytest.mark.parametrize("knobs", [{"pp": 2}, {"cp": 2}])
+def test_zero1_replicas_of_a_pipeline_or_a_ring_all_reduce_then_broadcast_their_optimizer_shares(knobs):
+    r = run_trial("tiny-llama", {"nproc": 4, **knobs, "strategy": "zero1", "batch_size": 4}, hardware="cpu",
+                  budget=QUICK)
+    assert r.status == TrialStatus.ok, r.error
+    for f in r.ranks:
+        assert f.comm_bytes == f.predicted_comm_bytes
+        # DDP all-reduces every gradient; ZeroRedundancyOptimizer broadcasts every parameter from its owner
+        assert f.comm_bytes["broadcast"] == f.comm_bytes["all_reduce"] > 0
 
 
 def test_an_hsdp_trial_shards_within_groups_and_all_reduces_across_them():

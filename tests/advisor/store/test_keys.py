@@ -56,15 +56,15 @@ def test_database_url_default_and_postgres_spelling(tmp_path, monkeypatch):
 
 
 def _boolean_knob_hash(config: TrainingConfig, checkpointing: bool) -> str:
-    """config_hash as it was when checkpointing was a boolean: every knob in canonical JSON, the layout knobs left
-    out at their defaults, checkpointing as `checkpointing`."""
+    """config_hash as it was when checkpointing was a boolean: every knob in canonical JSON, the knobs that came
+    later (layout, lora_r) left out at their defaults, checkpointing as `checkpointing`."""
     import hashlib
     import json
 
-    from advisor.store.fingerprints import LAYOUT_DEFAULTS
+    from advisor.store.fingerprints import LATER_DEFAULTS
 
     knobs = {**config.model_dump(mode="json"), "checkpointing": checkpointing}
-    knobs = {k: v for k, v in knobs.items() if k not in LAYOUT_DEFAULTS or v != LAYOUT_DEFAULTS[k]}
+    knobs = {k: v for k, v in knobs.items() if k not in LATER_DEFAULTS or v != LATER_DEFAULTS[k]}
     return hashlib.sha256(json.dumps(knobs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

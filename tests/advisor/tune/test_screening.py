@@ -1,6 +1,7 @@
-"""The screening sampler on real Optuna studies: one knob changed per screen in impact order, the pairs
-known to interact after both of their knobs, the winners combined once, then the base sampler; a
-resumed study does not screen again.
+"""The screening sampler on real Optuna studies: one knob changed per screen in impact order (the baseline's
+bottleneck first), the pairs known to interact after both of their knobs, each screen from the best configuration
+measured so far, each change once more where that has moved since, then the base sampler; a resumed study does
+not screen again.
 
 The objective here is a formula of the knobs (not a measurement) so each case has one right
 answer; the end-to-end path through Ray and real trials is in test_tune.py.
@@ -40,12 +41,13 @@ def throughput(p: dict) -> float:
     return v * (0.6 if p["threads"] == 1 else 1.0)
 
 
-def new_study(max_screens: int = 10, storage=None, name: str | None = None) -> optuna.Study:
+def new_study(max_screens: int = 10, storage=None, name: str | None = None,
+              bottleneck: str | None = None) -> optuna.Study:
     sampler = ScreeningSampler(optuna.samplers.TPESampler(seed=0, n_startup_trials=2), max_screens=max_screens)
     study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage, study_name=name,
                                 load_if_exists=True)
     fixed = optuna.trial.FixedTrial(REFERENCE)
-    add_reference(study, fixed.params, fixed.distributions, [throughput(space(fixed))])
+    add_reference(study, fixed.params, fixed.distributions, [throughput(space(fixed))], bottleneck=bottleneck)
     return study
 
 
@@ -63,21 +65,24 @@ def changed(params: dict) -> dict:
     return {k: v for k, v in params.items() if k in REFERENCE and REFERENCE[k] != v}
 
 
-def test_screens_each_knob_and_each_interacting_pair_then_combines_the_winners_then_hands_over():
-    steps = run(new_study(), 11)
+def test_screens_each_knob_and_pair_from_the_best_so_far_then_hands_over():
+    steps = run(new_study(), 8)
     roles = [role for role, _ in steps]
-    # impact order: precision, compile, batch size, workers, threads, each to its farthest other value;
-    # a pair of INTERACTIONS right after the second of its knobs
-    assert roles[:8] == ["precision='bf16'", "compile_mode='default'", "precision='bf16',compile_mode='default'",
-                         "batch_size=32", "precision='bf16',batch_size=32", "num_workers=4", "threads=1",
-                         "num_workers=4,threads=1"]
-    assert [changed(p) for _, p in steps[:4]] == [{"precision": "bf16"}, {"compile_mode": "default"},
-                                                  {"precision": "bf16", "compile_mode": "default"}, {"batch_size": 32}]
-    assert steps[5][1]["prefetch_factor"] == 2  # the knob workers opened takes PyTorch's default
-    # bf16, compile and workers (alone and in their pairs) beat the reference; batch 32 and one thread did not
-    assert roles[8] == "combination"
-    assert changed(steps[8][1]) == {"precision": "bf16", "compile_mode": "default", "num_workers": 4}
-    assert roles[9:] == [None, None]  # TPE from here on
+    # impact order: precision, compile, batch size, workers, threads, each to its farthest other value; a pair of
+    # INTERACTIONS after its second knob, skipped where it is a configuration measured already (bf16 and compile
+    # both won, so their pair is the compile screen)
+    assert roles[:6] == ["precision='bf16'", "compile_mode='default'", "batch_size=32", "num_workers=4",
+                         "precision='bf16',batch_size=32", "threads=1"]
+    # each from the best so far: bf16 won, so compile is screened under bf16, and so on; the pair of bf16 and
+    # batch 32 comes after workers won, so it tries batch 32 again beside them
+    assert [changed(p) for _, p in steps[:6]] == [
+        {"precision": "bf16"}, {"precision": "bf16", "compile_mode": "default"},
+        {"precision": "bf16", "compile_mode": "default", "batch_size": 32},
+        {"precision": "bf16", "compile_mode": "default", "num_workers": 4},
+        {"precision": "bf16", "compile_mode": "default", "num_workers": 4, "batch_size": 32},
+        {"precision": "bf16", "compile_mode": "default", "num_workers": 4, "threads": 1}]
+    assert steps[3][1]["prefetch_factor"] == 2  # the knob workers opened takes PyTorch's default
+    assert roles[6:] == [None, None]  # every change measured from the incumbent: TPE from here on
 
 
 def test_a_pair_that_wins_where_each_knob_alone_loses_is_found_and_kept():
@@ -95,22 +100,52 @@ def test_a_pair_that_wins_where_each_knob_alone_loses_is_found_and_kept():
     assert best.system_attrs.get(ROLE_ATTR) == "precision='bf16',compile_mode='default'"
 
 
-def test_no_combination_when_at_most_one_knob_won():
-    study = new_study()
-    base = throughput(REFERENCE)
-    trial_params = []
-    for _ in range(9):
+def test_a_pair_that_lost_is_screened_again_once_a_later_knob_won():
+    """One thread loses beside the intra-op pool and wins once two workers decode the batches beside it, but only
+    under bf16 (an image model on a CPU): from fp32 the pair loses; once bf16 has won, the pair is screened again
+    from the incumbent and wins."""
+    def world(p: dict) -> float:
+        bf16, fed, one = p["precision"] == "bf16", p["num_workers"] > 0, p["threads"] == 1
+        return 100.0 * (1.3 if bf16 else 1.0) * (1.05 if fed else 1.0) * \
+            ((1.25 if bf16 and fed else 0.6) if one else 1.0)
+
+    study = new_study(bottleneck="input-bound")
+    roles = []
+    for _ in range(4):
         trial = study.ask()
-        params = space(trial)
-        win = params["precision"] == "bf16"  # only bf16 beats the reference in this world, its pairs no more
-        study.tell(trial, base * 1.2 if win else base * 0.9)
-        trial_params.append(study.trials[-1].system_attrs.get(ROLE_ATTR))
-    assert "combination" not in trial_params and trial_params[7:] == ["num_workers=4,threads=1", None]
+        study.tell(trial, world(space(trial)))
+        roles.append(study.trials[-1].system_attrs.get(ROLE_ATTR))
+    # workers win alone; one thread beside them loses under fp32 (the pair is that same screen); bf16 wins; then
+    # the pair again, from the incumbent that has bf16
+    assert roles == ["num_workers=4", "threads=1", "precision='bf16'", "num_workers=4,threads=1"]
+    best = study.best_trial
+    assert (best.params["precision"], best.params["num_workers"] > 0, best.params["threads"]) == ("bf16", True, 1)
+
+
+def test_a_change_is_screened_once_more_where_the_incumbent_moved_since():
+    """Batch 32 loses while one process decodes and wins once workers feed it (no pair of the two is listed):
+    once every knob is screened, it is tried again from the incumbent that has the workers."""
+    def world(p: dict) -> float:
+        fed = p["num_workers"] > 0
+        return 100.0 * (1.5 if fed else 1.0) * ({2: 0.9, 8: 1.0, 32: 1.4 if fed else 0.7}[p["batch_size"]])
+
+    study = new_study(max_screens=20)
+    for _ in range(12):
+        trial = study.ask()
+        study.tell(trial, world(space(trial)))
+    best = study.best_trial
+    assert best.params["batch_size"] == 32 and best.params["num_workers"] == 4
+    assert best.system_attrs.get(ROLE_ATTR) in ("again:batch_size=32", "precision='bf16',batch_size=32")
+
+
+def test_an_input_bound_baseline_screens_the_input_pipeline_first():
+    roles = [role for role, _ in run(new_study(bottleneck="input-bound"), 3)]
+    assert roles == ["num_workers=4", "threads=1", "precision='bf16'"]
 
 
 def test_max_screens_keeps_the_most_impactful_knobs():
     roles = [role for role, _ in run(new_study(max_screens=2), 3)]
-    assert roles == ["precision='bf16'", "compile_mode='default'", "combination"]  # two screens, both won
+    assert roles == ["precision='bf16'", "compile_mode='default'", None]  # two screens, then TPE
 
 
 def test_a_resumed_study_does_not_screen_again(tmp_path):
@@ -119,7 +154,7 @@ def test_a_resumed_study_does_not_screen_again(tmp_path):
     again = new_study(storage=storage, name="s")  # a new sampler, as after a restart; reference not re-added
     assert sum(1 for t in again.trials if t.user_attrs.get("advisor_reference")) == 1
     roles = [role for role, _ in run(again, 3)]
-    assert roles == ["batch_size=32", "precision='bf16',batch_size=32", "num_workers=4"]  # the first three were
+    assert roles == ["num_workers=4", "precision='bf16',batch_size=32", "threads=1"]  # the first three were screened
 
 
 def test_without_a_reference_the_base_sampler_decides():
