@@ -79,13 +79,14 @@ def test_tune_measures_stores_and_resumes(data_dir):
         return study, [t.params for t in study.trials if t.system_attrs.get("advisor_screen")]
 
     # the baseline runs first, outside Optuna, and enters Optuna's study as the screen's reference;
-    # a budget of 3 leaves one screen (the first knob: precision), then TPE
+    # a budget of 3 screens precision, then batch size from the better of the two
     study, screened = screens()
-    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) == 3
+    assert len(study.trials) == 3
     (ref,) = [t for t in study.trials if t.user_attrs.get("advisor_reference")]
     assert ref.params == {"batch_size": 8, "precision": "fp32"}
     assert ref.value == pytest.approx(first["baseline"]["samples_per_s"])
-    assert screened == [{"batch_size": 8, "precision": "bf16"}]
+    assert screened[0] == {"batch_size": 8, "precision": "bf16"} and len(screened) == 2
+    assert screened[1]["batch_size"] == 4
     again = run_tune(data_dir, db, "--trials", "3")  # same arguments: the same study, nothing to run
     assert again["study_id"] == first["study_id"] and again["stats"]["resumed_from"] == 3
     assert len(stored(db)) == 3
@@ -95,11 +96,10 @@ def test_tune_measures_stores_and_resumes(data_dir):
     assert len({r.config_hash for r in stored(db)}) == 4
     (new,) = [r for r in stored(db) if r.result.others_busy is not None]  # it looked, before the new trial only
     assert 0 <= new.result.others_busy <= 1
-    # the resumed screen goes on with the next knob (batch 8 -> 4) unless TPE's draw in the first
-    # run measured that already; the reference is not added twice
+    # the resumed study keeps its screens; the reference is not added twice
     study, screened = screens()
     assert screened[0] == {"batch_size": 8, "precision": "bf16"}
-    assert {"batch_size": 4, "precision": "fp32"} in [t.params for t in study.trials]
+    assert any(t.params["batch_size"] == 4 for t in study.trials)
     assert sum(1 for t in study.trials if t.user_attrs.get("advisor_reference")) == 1
 
 
