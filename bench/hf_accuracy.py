@@ -24,6 +24,7 @@ Run with ADVISOR_DATA_DIR unset and a fresh data directory is made, so no calibr
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +65,7 @@ TRACE_GOAL_S = 10.0  # seconds of one estimate with no real run (the trace), eac
 SEQ_LEN = 128  # tokens per sample
 BATCH, VIT_BATCH = 16, 32  # samples
 LORA_R = 8
+COMMAND = ".venv/bin/python bench/hf_accuracy.py"
 
 # ----------------------------------------------------------------------------------------------------------
 # The architectures: tiny configs of real families, each with the attention projections LoRA wraps there.
@@ -207,7 +210,7 @@ def memtracker_peak(workload: str, args: dict[str, Any], batch: int, precision: 
         tracker = MemTracker()
         with tracker:
             torch.manual_seed(0)
-            model = hold_frozen(wl.build_model(), precision)
+            model = hold_frozen(_fake_build(wl), precision)
             _frozen_unhooked(tracker, model)
             ctx = prepare(model, wl.loss_fn, precision=Precision(precision), optimizer=OptimizerKind.adamw,
                           device_type="cpu", fake=True)
@@ -220,6 +223,21 @@ def memtracker_peak(workload: str, args: dict[str, Any], batch: int, precision: 
         for k, v in dev.items():
             parts[getattr(k, "value", str(k))] = parts.get(getattr(k, "value", str(k)), 0) + int(v)
     return {"peak_bytes": parts.pop("Total"), "parts": parts, "seconds": time.perf_counter() - t0}
+
+
+def _fake_build(wl: Any) -> Any:
+    """The workload's model on fake tensors; where its build reads a value fake tensors do not have (ViT's
+    trunc_normal_), built again with the initializers skipped as the estimator's trace builds it (initial values
+    change no memory)."""
+    from advisor.estimate.fake_build import _initializers_skipped
+
+    try:
+        return wl.build_model()
+    except Exception as exc:
+        if "DataDependent" not in type(exc).__name__:
+            raise
+    with _initializers_skipped():
+        return wl.build_model()
 
 
 def _frozen_unhooked(tracker: Any, model: Any) -> None:
@@ -265,7 +283,8 @@ def run_case(case: Case, config_dir: Path, pool: ThreadPoolExecutor, quick: bool
     rec: dict[str, Any] = {"key": case.key, "arch": case.arch.name, "kind": case.arch.kind,
                            "precision": case.precision, "mode": case.mode, "batch_size": case.batch,
                            "lora_targets": list(case.arch.targets) if case.mode == "lora" else None,
-                           "config": case.arch.config, "problems": [], "measured_on": machine()}
+                           "config": case.arch.config, "problems": [], "measured_on": machine(),
+                           "advisor_sha256": source_fingerprint()["sha256"]}
     t0 = time.perf_counter()
     req = dict(workload=wc.workload, workload_args=wc.args, batch_size=case.batch, precision=case.precision)
     status("measuring (resident set, allocated peak, MemTracker)")
@@ -423,6 +442,13 @@ def all_summaries(cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {k: summarize(cases, k) for k in ("all", "full", "lora")}
 
 
+def _shas(cases: list[dict[str, Any]], run_sha: str) -> str:
+    """The advisor sources' hash the cases were estimated with: the run's, or each with its count of cases where
+    cases kept from an earlier run (--resume) had other sources."""
+    counts = Counter(c.get("advisor_sha256", "not recorded") for c in cases)
+    return run_sha if set(counts) == {run_sha} else ", ".join(f"{sha} for {n} cases" for sha, n in counts.items())
+
+
 def write_markdown(path: Path, results: dict[str, Any]) -> None:
     meta, cases = results["meta"], results["cases"]
     src = meta["source"]
@@ -430,14 +456,15 @@ def write_markdown(path: Path, results: dict[str, Any]) -> None:
                   for a in meta["archs"]]
     parts = [
         "# Hugging Face models: estimator accuracy, full and LoRA (bench/hf_accuracy.py)", "",
-        f"Command: `{meta['command']}`", "",
-        f"Commit `{src['git_head']}` (advisor sources sha256 {src['sha256']}"
+        f"Command: `{COMMAND}`" + ("" if meta["command"] == COMMAND else f"; this file: `{meta['command']}`")
+        + (f", {meta['kept_cases']} cases kept from an earlier run" if meta.get("kept_cases") else "") + ".", "",
+        f"Commit `{src['git_head']}` (advisor sources sha256 {_shas(cases, src['sha256'])}"
         + (", CHANGED during the run" if meta.get("source_changed_during_run") else "") + f"); machine: "
         f"{meta['machine']['cpu']}, {meta['cpu_count']} CPUs, kernel {meta['machine']['kernel']}, "
         f"{meta['machine']['libc']}; torch {meta['torch']}, transformers {meta['transformers']}, peft {meta['peft']}, "
         f"accelerate {meta['accelerate']}; started {meta['started']}"
         + (f", {meta['seconds'] / 60:.0f} min" if meta.get("seconds") else " (in progress)")
-        + f"; {len(cases)} of {meta['planned_cases']} cases.", "",
+        + f"; {len(cases)} cases.", "",
         f"Each architecture is a tiny config (2 layers, width {_H}, vocabulary {_V}, {SEQ_LEN} tokens; ViT 128 px "
         f"in 16 px patches) built by transformers with random weights, trained with AdamW at batch {BATCH} "
         f"(ViT {VIT_BATCH}) in fp32 and bf16 autocast, fully and with LoRA r={LORA_R} (peft; the base frozen, "
@@ -449,7 +476,8 @@ def write_markdown(path: Path, results: dict[str, Any]) -> None:
         "(the base model by AutoModel, 4 x its fp32 size for float32, 2 x for the float16 row used for bf16; "
         "the same figure for LoRA, which it does not model). MemTracker: "
         "torch.distributed._tools.mem_tracker under FakeTensorMode over the build and 2 steps (it hooks every "
-        "parameter's gradient, which torch refuses for a frozen one: the bench marks those hooked). Relative error = "
+        "parameter's gradient, which torch refuses for a frozen one: the bench marks those hooked; a build that "
+        "reads initial values is built with the initializers skipped, as our trace builds it). Relative error = "
         "(estimate − measured) / measured.", "",
         "### Summary", "", _md_table(SUMMARY_COLUMNS, summary_rows(all_summaries(cases))), "",
         "### Cases", "", _md_table(CASE_COLUMNS, [case_row(c) for c in cases]), "",
@@ -471,7 +499,7 @@ def _meta(args: argparse.Namespace, plan: list[Case], archs: list[Arch]) -> dict
     return {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu_count": os.cpu_count(),
             "torch": torch.__version__, "transformers": version("transformers"), "peft": version("peft"),
             "accelerate": version("accelerate"), "python": platform.python_version(), "quick": args.quick,
-            "planned_cases": len(plan), "command": " ".join([".venv/bin/python bench/hf_accuracy.py", *sys.argv[1:]]),
+            "planned_cases": len(plan), "command": " ".join([COMMAND, *sys.argv[1:]]),
             "load_avg_start": _load_avg(), "finished": False, "source": source_fingerprint(), "machine": machine(),
             "goals": {**GOALS, "trace_seconds": TRACE_GOAL_S},
             "archs": [{"name": a.name, "kind": a.kind, "targets": list(a.targets)} for a in archs]}
@@ -481,8 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one case (llama, bf16, LoRA) and one resident-set run: a "
                     "smoke test")
-    ap.add_argument("--only", default=None, help="comma-separated architectures to run (with --resume the others' "
-                    f"kept cases stay): {', '.join(a.name for a in ARCHS)}")
+    ap.add_argument("--only", default=None, help="comma-separated architectures to measure (again, with --resume, "
+                    f"where --out has them; the others' kept cases stay): {', '.join(a.name for a in ARCHS)}")
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/hf-accuracy.json, "
                     "hf-accuracy-quick.json with --quick); the markdown goes beside it with a .md suffix")
     ap.add_argument("--resume", action="store_true", help="keep the cases already in --out and run only the rest")
@@ -499,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         write_markdown(md, json.loads(out.read_text()))
         print(f"markdown: {md}")
         return 0
+    faulthandler.enable()  # a crash in native code leaves its stack in the log
     os.environ.setdefault("ADVISOR_DATA_DIR", tempfile.mkdtemp(prefix="hf-accuracy-"))
     import logging
 
@@ -514,31 +543,34 @@ def main(argv: list[str] | None = None) -> int:
     config_dir = Path(os.environ["ADVISOR_DATA_DIR"]) / "hf-configs"
     write_configs(config_dir, archs)
     results = {"meta": _meta(args, plan, archs), "cases": []}
-    kept = {c["key"]: c for c in json.loads(out.read_text())["cases"]} if args.resume and out.exists() else {}
+    previous = json.loads(out.read_text())["cases"] if args.resume and out.exists() else []
+    # --only measures its architectures again; the other kept cases stay as they are
+    kept = {c["key"]: c for c in previous if not (args.only and c["arch"] in only)}
+    results["meta"]["kept_cases"] = len(kept)
     run(plan, kept, results, config_dir, out, md, args.quick)
     return 0
 
 
 def run(plan: list[Case], kept: dict[str, dict[str, Any]], results: dict[str, Any], config_dir: Path, out: Path,
         md: Path, quick: bool) -> None:
-    """Every case of `plan` not in `kept`, saved after each; the kept cases of other architectures stay."""
+    """Every case of `plan` not in `kept`, saved after each with the kept ones, in the grid's order."""
     t_start = time.perf_counter()
-    planned = {c.key for c in plan}
+    order = [Case(a, p, m).key for a in ARCHS for p in PRECISIONS for m in MODES]
 
-    def save() -> None:
-        cases = results["cases"] + [c for k, c in kept.items() if k not in planned]
+    def save() -> list[dict[str, Any]]:
+        cases = results["cases"] + list(kept.values())
+        cases.sort(key=lambda c: order.index(c["key"]) if c["key"] in order else len(order))
         summaries = all_summaries(cases)
         _atomic_write(out, json.dumps({**results, "cases": cases, "summary": summaries}, indent=1, default=str))
         write_markdown(md, {**results, "cases": cases})
+        return cases
 
     with ThreadPoolExecutor(max_workers=2) as pool:  # resident sets are per process: two runs at a time
-        for i, case in enumerate(plan, 1):
-            if case.key in kept:
-                results["cases"].append(kept[case.key])
-                continue
+        todo = [c for c in plan if c.key not in kept]
+        for i, case in enumerate(todo, 1):
 
             def status(msg: str, _case=case, _i=i) -> None:
-                print(f"[{_i}/{len(plan)}] {_case.key}: {msg}", flush=True)
+                print(f"[{_i}/{len(todo)}] {_case.key}: {msg}", flush=True)
 
             try:
                 rec = run_case(case, config_dir, pool, quick, status)
@@ -558,8 +590,7 @@ def run(plan: list[Case], kept: dict[str, dict[str, Any]], results: dict[str, An
     meta.update(finished=True, seconds=time.perf_counter() - t_start, load_avg_end=_load_avg())
     if source_fingerprint()["sha256"] != meta["source"]["sha256"]:
         meta["source_changed_during_run"] = True
-    save()
-    for row in summary_rows(all_summaries(results["cases"])):
+    for row in summary_rows(all_summaries(save())):
         print(" | ".join(row))
     print(f"results: {out}  markdown: {md}")
 

@@ -4,6 +4,7 @@ and what a CUDA target's `.to("cuda")` moves to the device."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Callable
@@ -89,23 +90,30 @@ def _initializers_skipped():
     """torch.nn.init's in-place initializers (trunc_normal_, kaiming_uniform_, ...) as no-ops that hand back
     their tensor, for as long as one fake build takes: modules' reset_parameters and users' init code call
     them through the module. A real model built in another thread meanwhile would be left uninitialized;
-    the estimator builds none (trials and calibration runs are processes of their own)."""
+    the estimator builds none (trials and calibration runs are processes of their own). transformers (5.x)
+    calls them through a table of torch's functions it took at import (transformers.initialization's
+    TORCH_INIT_FUNCTIONS), which the same no-op replaces while it lasts, where transformers is loaded."""
     import torch.nn.init as init
 
     names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))]
+    hf_table = getattr(sys.modules.get("transformers.initialization"), "TORCH_INIT_FUNCTIONS", None)
+    hf_table = hf_table if isinstance(hf_table, dict) else {}
 
     def keep(tensor, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - any initializer's signature
         return tensor
 
     with _INIT_SKIPPED:
         saved = {n: getattr(init, n) for n in names}
+        hf_saved = dict(hf_table)
         try:
             for n in names:
                 setattr(init, n, keep)
+            hf_table.update(dict.fromkeys(hf_saved, keep))
             yield
         finally:
             for n, f in saved.items():
                 setattr(init, n, f)
+            hf_table.update(hf_saved)
 
 
 _CONVERTING = threading.local()  # `fake_conversions`: set in the thread whose fake trace is running
