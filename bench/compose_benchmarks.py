@@ -369,11 +369,11 @@ def _body(stem: str) -> list[str]:
     return lines + [""]
 
 
-def _without_cases(lines: list[str], stem: str) -> list[str]:
-    """`lines` with the per-case table (the one headed '| workload | prec | opt | batch |') left to the results file."""
+def _without_cases(lines: list[str], stem: str, header: str = "| workload | prec | opt | batch |") -> list[str]:
+    """`lines` with the per-case table (the one whose header row starts with `header`) left to the results file."""
     out, skipping = [], False
     for line in lines:
-        if line.startswith("| workload | prec | opt | batch |"):
+        if line.startswith(header):
             skipping = True
             out.append(f"Per-case table: [bench/results/{stem}.md](bench/results/{stem}.md).")
         elif skipping and not line.startswith("|"):
@@ -402,10 +402,8 @@ def cuda_sections() -> list[str]:
 def hf_section() -> list[str]:
     """Hugging Face models: how they are measured, the command, and the summary (the cases stay in the results
     file)."""
-    lines = _body("hf-accuracy")
-    cases = next(i for i, line in enumerate(lines) if line in ("### Cases", "## Cases"))
-    end = next((i for i in range(cases + 2, len(lines)) if not lines[i].startswith("|")), len(lines))
-    lines[cases:end] = ["Per-case table: [bench/results/hf-accuracy.md](bench/results/hf-accuracy.md)."]
+    lines = [line for line in _without_cases(_body("hf-accuracy"), "hf-accuracy", "| arch | prec | mode |")
+             if line not in ("## Summary", "## Cases")]
     return ["## Hugging Face models, full and LoRA", "",
             "Twelve transformers architectures (decoders of eight families, two encoders, T5 and ViT) as tiny "
             "`config.json` workloads (`-w hf:PATH`), each trained with AdamW in fp32 and bf16, fully and with LoRA "
@@ -461,7 +459,9 @@ def md_sections() -> list[str]:
     out = []
     for title, stem, command, method in parts:
         run = ["```bash", f".venv/bin/python {command}", "```", ""] if command else []
-        out += [f"## {title}", "", method, "", *run, *_body(stem)]
+        body = _without_cases(_body(stem), stem, "| model | GPUs | configuration") if stem == "plan-accuracy" \
+            else _body(stem)
+        out += [f"## {title}", "", method, "", *run, *body]
     return out
 
 

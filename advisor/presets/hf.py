@@ -340,9 +340,9 @@ def _task(path: str, config: Any) -> Task:
 def _complete(config: Any, task: Task) -> None:
     """Token ids a task's loss needs that a config may leave unset: the pad id (classification of a batch of
     more than one, seq2seq's label shift) and the decoder's start id."""
-    if task.name in ("sequence-classification", "seq2seq") and getattr(config, "pad_token_id", 0) is None:
+    if task.name in ("sequence-classification", "seq2seq") and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0
-    if task.name == "seq2seq" and getattr(config, "decoder_start_token_id", 0) is None:
+    if task.name == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
         config.decoder_start_token_id = config.pad_token_id
 
 

@@ -12,9 +12,10 @@ from advisor.trial import TrainingConfig
 
 log = logging.getLogger(__name__)
 
-# knobs a plan decides; a space that searches none of them has nothing for the planner to order
-PLANNED = ("tp", "pp", "cp", "strategy", "dp_replicate", "pp_schedule", "virtual_stages", "microbatches",
-           "micro_batch_size", "batch_size", "grad_accum", "checkpointing", "precision", "optimizer_impl")
+# the layout knobs a plan decides (a space that searches none has nothing for the planner to order), and the rest
+LAYOUT = ("tp", "pp", "cp", "strategy", "dp_replicate", "pp_schedule", "virtual_stages", "microbatches",
+          "micro_batch_size")
+PLANNED = (*LAYOUT, "batch_size", "grad_accum", "checkpointing", "precision", "optimizer_impl")
 
 
 class _Miss(Exception):
@@ -68,7 +69,7 @@ def planner_seeds(decoder: Any, hw: Any, space: Any, context: Any, base: Trainin
     from advisor.plan.search import plan
     from search_spaces import suggest
 
-    if hw.device_type != "cuda" or decoder is None or not any(k in space.knobs for k in PLANNED[:9]):
+    if hw.device_type != "cuda" or decoder is None or not any(k in space.knobs for k in LAYOUT):
         return []
     fixed = {"optimizer": base.optimizer}
     if "precision" not in space.knobs:
