@@ -299,11 +299,12 @@ def _settle(wl: "Workload", hw: "HardwareSpec", config: TrainingConfig,
 
 def _estimated(t: _Target, name: str, hw: "HardwareSpec", tried: list[str]) -> Recommendation:
     """A decoder on several GPUs gets the planner's answer; anything else PyTorch's defaults at the largest batch
-    that fits on one device, and the planner's where none does there."""
+    that fits on one device (with full activation checkpointing where none fits without it), and a decoder the
+    planner's where none fits even so."""
     planned = t.workload.decoder is not None and hw.device_type == "cuda"
     if planned and hw.world_size > 1:
         return _planned(t, name, tried)
-    rec = _defaults(t, name, hw, tried)
+    rec = _defaults(t, name, hw, tried, recompute=not planned)  # the planner weighs checkpointing for a decoder
     return _planned(t, name, tried) if planned and not rec.fits else rec
 
 
@@ -323,13 +324,21 @@ def _planned(t: _Target, name: str, tried: list[str]) -> Recommendation:
                           reason=f"{describe(best, result)}; {nothing}", **_throughput_fields(t, best.samples_per_s))
 
 
-def _defaults(t: _Target, name: str, hw: "HardwareSpec", tried: list[str]) -> Recommendation:
+def _defaults(t: _Target, name: str, hw: "HardwareSpec", tried: list[str], recompute: bool = True) -> Recommendation:
+    from advisor.config import Checkpointing
     from advisor.transfer import best_precision, with_batch
     from search_spaces import SpaceContext, baseline
 
     base = baseline(SpaceContext.for_target(hw, t.workload))
     config = TrainingConfig(**{**base.model_dump(), "precision": best_precision(hw)})
     first = _estimate(t.workload, hw, config)
+    recomputed = ""
+    if recompute and first.max_batch_size == 0 and not config.checkpointing:  # blocks recomputed in backward
+        checkpointed = config.model_copy(update={"checkpointing": Checkpointing.full})
+        again = _estimate(t.workload, hw, checkpointed)
+        if again.max_batch_size > 0:
+            config, first = checkpointed, again
+            recomputed = ", activation checkpointing (full) since no batch fits without it,"
     cap = _batch_cap(t, config)
     batch = first.max_batch_size if cap is None else min(first.max_batch_size, cap)
     est = first
@@ -343,7 +352,7 @@ def _defaults(t: _Target, name: str, hw: "HardwareSpec", tried: list[str]) -> Re
               + ("the whole dataset per step" if whole else "the largest that fits")
               + f" (estimated largest: {first.max_batch_size})")
     reason = (f"estimated: {nothing}; PyTorch defaults at {config.precision.value}, the fastest precision "
-              f"{hw.accelerator.name} supports, and {sizing}; throughput from the roofline")
+              f"{hw.accelerator.name} supports{recomputed} and {sizing}; throughput from the roofline")
     return Recommendation(hardware=name, provenance="estimated", config=config, fits=batch > 0 and est.fits,
                           peak_memory_bytes=est.total_bytes, devices=_devices(config), reason=reason,
                           **_throughput_fields(t, est.predicted_samples_per_s if batch > 0 else None))

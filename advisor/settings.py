@@ -49,6 +49,8 @@ class Settings(BaseSettings):
                                         "/v1/jobs/{id}; unset: those routes answer 403.")
     workload_modules: str = Field(default="", description="Comma-separated module prefixes whose `pkg.module:build` "
                                   "workloads the API accepts (built-in presets always; file paths never).")
+    hf_config_dirs: str = Field(default="", description="Comma-separated folders whose Hugging Face configs "
+                                "(`hf:PATH`, an absolute path at or under one) the API reads; none by default.")
     api_max_body_bytes: int = Field(default=65_536, gt=0, description="Largest request body the API reads (bytes).")
     max_jobs: int | None = Field(default=None, gt=0, description="Tune jobs run at once; default: this machine's "
                                  "devices (GPUs, or 1 for the CPU).")
@@ -82,6 +84,10 @@ class Settings(BaseSettings):
 
     def workload_module_prefixes(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.workload_modules.split(",") if p.strip())
+
+    def hf_config_folders(self) -> tuple[Path, ...]:
+        """hf_config_dirs as resolved absolute paths (symbolic links followed)."""
+        return tuple(Path(p.strip()).expanduser().resolve() for p in self.hf_config_dirs.split(",") if p.strip())
 
 
 @lru_cache(maxsize=1)

@@ -47,7 +47,7 @@ def tune_request(body: dict, *, db: str | None, ray_address: str | None) -> "Tun
     return TuneRequest(workload=r.workload, workload_args=r.load_args(), hardware=r.hardware, space=r.space,
                        fixes=r.fixes, objective=r.objective, global_batch_size=r.global_batch_size, sampler=r.sampler,
                        trials=r.trials, time_budget_s=r.time_budget_s, patience=r.patience, seed=r.seed,
-                       remeasure=r.remeasure, db=db, ray_address=ray_address, trial_budget=budget)
+                       remeasure=r.remeasure, confirm=r.confirm, db=db, ray_address=ray_address, trial_budget=budget)
 
 
 def validate_job(body: "TuneJobRequest", *, pool=None, timeout_s: float | None = None) -> None:  # noqa: ANN001

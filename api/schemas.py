@@ -301,6 +301,8 @@ class TuneJobRequest(FineTuned):
     patience: int | None = Field(default=None, gt=0)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     remeasure: bool = False
+    confirm: int | None = Field(default=None, ge=0, le=1000, description="Trials of the budget kept to measure the "
+                                "leading configurations again (default: trials // 8).")
     min_time_s: float = Field(default=2.0, gt=0, le=600, description="Seconds each trial is timed at least.")
     trial_timeout_s: float = Field(default=300.0, gt=0, le=86400, description="A trial is killed after this long.")
     settle_s: float = Field(default=5.0, ge=0, le=600, description="Seconds each trial waits at most for the machine "

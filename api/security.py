@@ -4,7 +4,9 @@
   with no token configured they are refused (403): a service nobody secured runs nobody's code.
 - A workload named over the API is a built-in preset, or `pkg.module:build` whose module is one
   of ADVISOR_WORKLOAD_MODULES or under one; file paths are never imported on a request's say-so.
-  `hf:PATH` is read as data (a config.json, built by transformers' own classes, never remote code).
+  `hf:PATH` is read as data (a config.json, built by transformers' own classes, never remote code), and only
+  at or under a folder of ADVISOR_HF_CONFIG_DIRS: a request cannot make the server read, or say whether there
+  is, a file anywhere else.
 - Bodies larger than ADVISOR_API_MAX_BODY_BYTES are refused (413) before they are read whole.
 """
 
@@ -40,7 +42,10 @@ def check_workload(spec: str, settings: Settings) -> None:
     """403 unless `spec` is a preset or an allowed `pkg.module:function`; 422 if it is neither form."""
     from advisor.presets import PRESETS
 
-    if spec in PRESETS or spec.startswith("hf:"):
+    if spec in PRESETS:
+        return
+    if spec.startswith("hf:"):
+        _check_hf_path(spec.removeprefix("hf:"), settings)
         return
     module, sep, function = spec.partition(":")
     allowed = settings.workload_module_prefixes()
@@ -53,6 +58,25 @@ def check_workload(spec: str, settings: Settings) -> None:
     if not any(module == p or module.startswith(p + ".") for p in allowed):
         where = ", ".join(allowed) if allowed else "none are allowed on this server"
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"module {module!r} is not in ADVISOR_WORKLOAD_MODULES "
+                            f"({where})")
+
+
+def _check_hf_path(path: str, settings: Settings) -> None:
+    """403 unless `path` is absolute and, symbolic links followed, at or under a folder of ADVISOR_HF_CONFIG_DIRS;
+    decided on the path alone, before anything is read."""
+    from pathlib import Path
+
+    folders = settings.hf_config_folders()
+    if not folders:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this server reads no Hugging Face configs: it has no "
+                            "ADVISOR_HF_CONFIG_DIRS set (the hub is not reached)")
+    where = ", ".join(str(f) for f in folders)
+    if not Path(path).is_absolute():
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"over the API, hf: takes an absolute path under "
+                            f"ADVISOR_HF_CONFIG_DIRS ({where}); the hub is not reached")
+    resolved = Path(path).resolve()
+    if not any(resolved == f or f in resolved.parents for f in folders):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"hf: path {path[:120]!r} is outside ADVISOR_HF_CONFIG_DIRS "
                             f"({where})")
 
 

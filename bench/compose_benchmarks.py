@@ -244,10 +244,15 @@ def _isolation_glance() -> list[str]:
             cpu_machine(m), f"`{m['source']['git_head']}`{dirty}", m["started"][:10]]
 
 
+def tune_stems() -> list[str]:
+    """The tuner's results, one file per kind of CPU (bench/tune_bench.py: tune-amd, tune-intel-amx, ...)."""
+    return sorted(p.stem for p in RESULTS.glob("tune-*.json") if p.stem not in ("tune-load", "tune-quick"))
+
+
 def _md_glance() -> list[list[str]]:
     """Rows for the benchmarks whose results are the markdown their script writes."""
     trials, cuda = (RESULTS / "trials.md").read_text(), (RESULTS / "trials-cuda.md").read_text()
-    tune, api = _load("tune"), (RESULTS / "api_load.md").read_text()
+    api = (RESULTS / "api_load.md").read_text()
     rows = []
     for label, text in (("Trials, CPU", trials), ("Trials, CUDA", cuda)):
         over = re.search(r"median overhead ([\d.]+ s) \(goal <= 2 s: (\w+)\)", text)
@@ -256,10 +261,12 @@ def _md_glance() -> list[list[str]]:
         rows.append([f"[{label}](#{anchor}): overhead per trial; samples/s CV over 5 repeats",
                      f"{over[1]}; {cv[1]}", "≤ 2 s; ≤ 5%", f"{_yes(over[2] == 'met')}; {_yes(cv[2] == 'met')}", "—",
                      _run_of(text)[1], "—", _run_of(text)[0][:10]])
-    ratio = ", ".join(f"{k} ({p['workload']}) {p['median_ratio']['tpe']:.1%}" for k, p in tune["presets"].items())
-    met = all(all(p["met"].values()) for p in tune["presets"].values())
-    rows.append(["[Tuner](#tuner): best found with 25% of a grid / the grid's best; orchestration", ratio,
-                 "≥ 95%; ≤ 20%", _yes(met), "—", tune["machine"], "—", tune["started"][:10]])
+    for stem in tune_stems():
+        tune = _load(stem)
+        ratio = ", ".join(f"{k} ({p['workload']}) {p['median_ratio']['tpe']:.1%}" for k, p in tune["presets"].items())
+        met = all(all(p["met"].values()) for p in tune["presets"].values())
+        rows.append(["[Tuner](#tuner): best found with 25% of a grid / the grid's best; orchestration", ratio,
+                     "≥ 95%; ≤ 20%", _yes(met), "—", tune["machine"], "—", tune["started"][:10]])
     goal = re.search(r"Goal \(p99 <= 50 ms, no errors\): met in (\d+ of \d+) runs", api)
     date = datetime.strptime(re.search(r"Date: (\w+ \w+ +\d+ [\d:]+ UTC \d+)", api)[1], "%a %b %d %H:%M:%S UTC %Y")
     rows.append(["[HTTP API under load](#http-api-under-load): 200 clients, p99 and errors", _api_best(api),
@@ -460,7 +467,7 @@ def md_sections() -> list[str]:
     for title, stem, command, method in parts:
         run = ["```bash", f".venv/bin/python {command}", "```", ""] if command else []
         body = _without_cases(_body(stem), stem, "| model | GPUs | configuration") if stem == "plan-accuracy" \
-            else _body(stem)
+            else [line for s in tune_stems() for line in _body(s)] if stem == "tune" else _body(stem)
         out += [f"## {title}", "", method, "", *run, *body]
     return out
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Tuner benchmarks (issue 4, item 8): on a fixed knob grid per CPU preset, measured exhaustively
+"""Tuner benchmarks: on a fixed knob grid per CPU preset, measured exhaustively
 `--repeats` times (each a brute-force study; a configuration's value is the mean of its measurements, so
 the grid's best is not one lucky run), how close the tuner (its default sampler: a screen of knobs and
 interacting pairs, then multivariate TPE) gets to the grid's best within 25% of the grid's trials,
@@ -9,8 +9,9 @@ overhead. A sampler's result is the grid's mean value of the best configuration 
     .venv/bin/python bench/tune_bench.py [--quick] [--seeds N] [--repeats R] [--presets image,transformer,interact]
                                          [--keep-grids]
 
-Writes bench/results/tune.json and bench/results/tune.md (read by compose_benchmarks.py). Its own
-SQLite store (bench/results/tune.db, tune-quick.db with --quick) is created afresh each run
+Writes bench/results/tune-CPU.json and tune-CPU.md (read by compose_benchmarks.py), CPU naming the kind of
+machine (amd, intel, intel-amx: the knobs' effects differ between them, so each keeps its own results). Its own
+SQLite store (bench/results/tune-CPU.db, tune-quick.db with --quick) is created afresh each run
 (--keep-grids keeps it and the grids measured in it): the brute-force study measures the grid, and
 the seeded studies after it replay those measurements (the store reuses a configuration measured
 for the same workload, hardware and software), so each seed costs Ray's start-up and no new trials.
@@ -212,7 +213,8 @@ def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
     spread, repeats = ex.get("spread"), p.get("repeats", 1)
     noise = (f" The passes differ by {spread['median']:.1%} (median over configurations), {spread['max']:.1%} at most;"
              " a configuration's value is its mean." if spread else "")
-    lines = [f"### {TITLES[key]}: {p['workload']} {json.dumps(p['workload_args'])}", "",
+    lines = [f"### {TITLES[key]} on {p.get('machine', '').split(',')[0]}: {p['workload']} "
+             f"{json.dumps(p['workload_args'])}", "",
              f"Run {p.get('started')} on {p.get('machine')}, {p.get('seeds')} seeds.", "",
              f"Grid `bench/spaces/{p['space']}`: {p['grid_size']} configurations, measured exhaustively "
              f"{repeats} time(s) (brute force; first pass {sum(ex['statuses'].values())} trials: {ex['statuses']})."
@@ -247,7 +249,7 @@ def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
 
 
 def markdown(res: dict[str, Any]) -> str:
-    lines = ["## Tuner (issue 4)", "", f"`{res['command']}`, run {res['started']} on {res['machine']}; "
+    lines = ["## Tuner", "", f"`{res['command']}`, run {res['started']} on {res['machine']}; "
              f"{res['seeds']} seeds; each trial warm-up 2 steps, then >= 5 steps and >= 1.5 s.", "",
              "Each grid is measured by brute-force studies (`--repeats` passes, the later ones measuring again); "
              "a configuration's value is the mean of its passes. The seeded studies on the same store reuse those "
@@ -257,10 +259,21 @@ def markdown(res: dict[str, Any]) -> str:
              "best configuration measured so far (the baseline's bottleneck setting the order), each once more "
              "where that has moved, then hands over to multivariate TPE "
              "(advisor/tune/screening.py); TPE alone is Optuna's independent TPE with min(5, max(2, budget // 4)) "
-             "random start-up trials (advisor/tune/driver.py). The baseline is always the first of the budget.", ""]
+             "random start-up trials (advisor/tune/driver.py). The baseline is always the first of the budget. "
+             "Every sampler keeps the last eighth of its budget (none under 8 trials) to measure the leaders again "
+             "and ranks configurations by their mean (advisor/tune/confirm.py); a leader measured again reuses the "
+             "grid's other pass, as a tuner reuses another stored run of a configuration.", ""]
     for key, p in res["presets"].items():
         lines += _md_preset(key, p)
     return "\n".join(lines)
+
+
+def cpu_kind() -> str:
+    """amd, intel-amx (AMX tiles: bf16 matmuls several times fp32's) or intel: what the results file is named for."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "AuthenticAMD" in info:
+        return "amd"
+    return "intel-amx" if " amx_bf16" in info else "intel"
 
 
 def _machine() -> str:
@@ -291,8 +304,8 @@ def main() -> int:
     data_dir = tempfile.mkdtemp(prefix="advb-", dir="/tmp")
     os.environ["ADVISOR_DATA_DIR"] = data_dir
     RESULTS.mkdir(parents=True, exist_ok=True)
-    db_path = RESULTS / ("tune-quick.db" if args.quick else "tune.db")
-    name = "tune-quick" if args.quick else "tune"
+    name = "tune-quick" if args.quick else f"tune-{cpu_kind()}"
+    db_path = RESULTS / f"{name}.db"
     earlier = json.loads((RESULTS / f"{name}.json").read_text()) if (RESULTS / f"{name}.json").exists() else None
     kept = {k: {"started": earlier["started"], "machine": earlier["machine"], "seeds": earlier["seeds"], **p}
             for k, p in (earlier or {}).get("presets", {}).items() if k not in keys}  # presets not rerun keep theirs

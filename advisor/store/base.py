@@ -32,13 +32,20 @@ def outcome_columns(result: TrialResult) -> dict[str, Any]:
             "result": result.model_dump(mode="json"), "error": result.error}
 
 
+def measurement_key(record: TrialRecord) -> tuple[Any, ...]:
+    """What tells one measurement from another: a study reusing a stored measurement keeps a copy of its
+    result, so copies share the key and separate runs (their wall times and rates) do not."""
+    r = record.result
+    return (record.status.value, r.wall_s, r.samples_per_s, r.tokens_per_s) if r is not None else ("none", record.id)
+
+
 class ResultStore(abc.ABC):
     """Where studies and their trials are kept.
 
     Contract every implementation keeps:
     - `claim_trial` is atomic across processes: of concurrent claims of one configuration in one
       study, exactly one gets a Claim; a configuration is claimed again only after its last attempt
-      was `interrupted`, and at most MAX_ATTEMPTS times in all.
+      was `interrupted`, and at most MAX_ATTEMPTS times in all, or, asked to `repeat`, after one that was `ok`.
     - `_finish` writes a claimed row once; figures never change after that.
     - `update_best` is atomic: concurrent updates leave the better trial on the objective's first metric.
     - Errors from the database are raised as StoreError with one line for the user.
@@ -57,9 +64,10 @@ class ResultStore(abc.ABC):
     def finish_study(self, study_id: int, status: str = "finished") -> None: ...
 
     @abc.abstractmethod
-    def claim_trial(self, study_id: int, config: TrainingConfig) -> Claim | None:
+    def claim_trial(self, study_id: int, config: TrainingConfig, *, repeat: bool = False) -> Claim | None:
         """Reserve `config` in the study for this process, or None when another process holds it,
-        it was measured already, or it has used its attempts."""
+        it was measured already, or it has used its attempts. With `repeat`, a configuration whose last
+        attempt was measured ok is claimed for one more measurement (the next attempt)."""
 
     @abc.abstractmethod
     def _finish(self, claim: Claim, columns: dict[str, Any], estimate: dict[str, Any] | None) -> TrialRecord:
@@ -113,14 +121,20 @@ class ResultStore(abc.ABC):
         return self.query_trials(TrialQuery(study=study_id))
 
     def find_measured(self, workload_fp: str, hardware_fp: str, software_fp: str, config_hash: str,
-                      timeout_s: float | None = None) -> TrialRecord | None:
+                      timeout_s: float | None = None,
+                      exclude: set[tuple[Any, ...]] | None = None) -> TrialRecord | None:
         """The latest ok/oom trial of this configuration on this workload, hardware and software, in any
-        study; with `timeout_s`, also a timeout that ran at least that long (so would time out again)."""
+        study; with `timeout_s`, also a timeout that ran at least that long (so would time out again). Trials
+        whose `measurement_key` is in `exclude` are passed over (a study measuring again takes another run's
+        figures, never a copy of one it holds)."""
         statuses = MEASURED + ((RecordStatus.timeout,) if timeout_s is not None else ())
         found = self.query_trials(TrialQuery(workload=workload_fp, hardware=hardware_fp, software_fp=software_fp,
-                                             config_hash=config_hash, status=statuses, sort="-finished_at", limit=20))
-        return next((r for r in found if r.status != RecordStatus.timeout or
-                     (timeout_s is not None and r.result is not None and r.result.wall_s >= timeout_s)), None)
+                                             config_hash=config_hash, status=statuses, sort="-finished_at",
+                                             limit=1000 if exclude else 20))  # copies of what is excluded may lead
+        return next((r for r in found if (r.status != RecordStatus.timeout or
+                                          (timeout_s is not None and r.result is not None and
+                                           r.result.wall_s >= timeout_s))
+                     and measurement_key(r) not in (exclude or ())), None)
 
     def retries_due(self, study_id: int) -> list[TrialRecord]:
         """Interrupted trials whose configuration may run once more (its last attempt, with attempts left)."""

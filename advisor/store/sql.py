@@ -202,7 +202,7 @@ class SqlResultStore(ResultStore):
 
     # -- trials ----------------------------------------------------------------------------------
     @_db
-    def claim_trial(self, study_id: int, config: TrainingConfig) -> Claim | None:
+    def claim_trial(self, study_id: int, config: TrainingConfig, *, repeat: bool = False) -> Claim | None:
         h = config_hash(config)
         with self.engine.connect() as conn:
             last = conn.execute(select(TrialRow.attempt, TrialRow.status)
@@ -213,7 +213,8 @@ class SqlResultStore(ResultStore):
             raise StoreError(f"no study with id {study_id} in {describe(self.url)}")
         if last is None:
             attempt = 1
-        elif last.status == RecordStatus.interrupted.value and last.attempt < MAX_ATTEMPTS:
+        elif last.status == RecordStatus.interrupted.value and last.attempt < MAX_ATTEMPTS or \
+                repeat and last.status == RecordStatus.ok.value:
             attempt = last.attempt + 1
         else:
             return None  # measured, running elsewhere, or out of attempts

@@ -32,6 +32,9 @@ def add_parser(sub: argparse._SubParsersAction, add_workload_args, positive_int)
     p.add_argument("--db", default=None, help="database URL (default: SQLite in the data dir; ADVISOR_DATABASE_URL)")
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start one locally)")
     p.add_argument("--remeasure", action="store_true", help="measure again what the store already has")
+    p.add_argument("--confirm", type=int, default=None, metavar="N",
+                   help="trials of the budget kept to measure the leading configurations again, so that the best is "
+                        "not one lucky run (default: trials // 8; 0: none)")
     p.add_argument("--min-time", type=float, default=2.0, metavar="S",
                    help="seconds timed per trial at least (default 2)")
     p.add_argument("--min-steps", type=positive_int, default=5, help="timed steps per trial at least (default 5)")
@@ -59,9 +62,9 @@ def _request(args: argparse.Namespace):
                            objective=args.objective, global_batch_size=args.global_batch_size, sampler=args.sampler,
                            trials=args.trials, time_budget_s=args.time_budget, patience=args.patience, seed=args.seed,
                            study=args.study, db=args.db, ray_address=args.ray_address, remeasure=args.remeasure,
-                           trial_budget=budget)
+                           confirm=args.confirm, trial_budget=budget)
     except ValidationError as exc:
-        raise invalid_input(exc, {"min_time_s": "--min-time", "timeout_s": "--trial-timeout",
+        raise invalid_input(exc, {"confirm": "--confirm", "min_time_s": "--min-time", "timeout_s": "--trial-timeout",
                                   "settle_s": "--settle"}) from exc
 
 

@@ -220,6 +220,7 @@ class _Budget:
         self.seen: set[int] = set()
         self.best: float | None = None
         self.since_best = 0
+        self.repeats = 0  # trials of this run that measured a configuration again
         self.reason: str | None = None
         self.trial_s = 0.0  # wall time of the trials measured in this run (s)
         self.started = time.monotonic()
@@ -233,17 +234,37 @@ class _Budget:
         self.seen.add(rid)
         self.trial_s += result.get("trial_wall_s", 0.0)  # 0 for a reused measurement
         value = result.get("objective", 0.0)
-        if result.get("status") == "ok" and (self.best is None or value > self.best):
+        if result.get("repeat"):
+            self.repeats += 1  # a leader measured again: neither a find nor a miss for the patience
+        elif result.get("status") == "ok" and (self.best is None or value > self.best):
             self.best, self.since_best = value, 0
         else:
             self.since_best += 1
         if len(self.seen) >= self.remaining:
-            self.reason = f"measured the {self.remaining} configuration(s) this run's budget allows"
+            self.reason = f"ran the {self.remaining} trial(s) this run's budget allows"
         elif self.patience and self.since_best >= self.patience:
             self.reason = f"no better configuration in the last {self.patience} trials"
 
     def done(self) -> bool:
         return self.reason is not None
+
+
+class _Confirm:
+    """When the search hands over to measuring leaders again, and which (advisor/tune/confirm.py): once all but
+    `reserve` of the run's trials are measured, each next trial measures the least measured contender again,
+    as long as there is one; the search has the trials left where there is none."""
+
+    def __init__(self, budget: _Budget, reserve: int, store, study_id: int, metric: str) -> None:  # noqa: ANN001
+        self.budget, self.reserve, self.store, self.study_id, self.metric = budget, reserve, store, study_id, metric
+
+    def due(self) -> bool:
+        return self.reserve > 0 and len(self.budget.seen) >= self.budget.remaining - self.reserve
+
+    def pick(self) -> str | None:
+        from advisor.tune.confirm import next_repeat
+
+        config = next_repeat(self.store.study_trials(self.study_id), self.metric)
+        return config.model_dump_json() if config is not None else None
 
 
 def _ray_env() -> None:
@@ -372,9 +393,10 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     interrupted = store.mark_interrupted(study.id)
     retries = [r.config for r in store.retries_due(study.id)]
     records = store.study_trials(study.id)
-    done = {r.config_hash for r in records if r.status not in (RecordStatus.running, RecordStatus.interrupted)}
+    finished = [r for r in records if r.status not in (RecordStatus.running, RecordStatus.interrupted)]
+    done = {r.config_hash for r in finished}
     queued = ([] if config_hash(base) in done else [base]) + retries
-    remaining = max(0, req.trials - len(done))
+    remaining = max(0, req.trials - len(finished))  # a measurement taken again counts as a trial
     # the planner's fastest plans next (GPUs, a decoder), within the trial budget
     seeds = [c for c in planner_seeds(wl.decoder, hw, space, context, base)
              if config_hash(c) not in done][:max(0, remaining - len(queued))]
@@ -401,6 +423,9 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
     _fail_stale(storage, study.optuna_study_name)
     started = _ray_init(req)
     budget = _Budget(remaining, req.patience)
+    # leaders are measured again in the budget's last trials, not in a run that resumes with fewer left
+    confirm = _Confirm(budget, min(req.resolved_confirm(), max(0, remaining - len(queued) - 1)), store, study.id,
+                       ctx.metric)
     callback = ProgressCallback(budget, remaining, on_result)
     t = time.monotonic()
 
@@ -411,12 +436,13 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
     multi = len(ctx.objective.metrics) > 1
     search = QueueThenSearch([c.model_dump_json() for c in queued], optuna_search,
                              metric=["objective", "memory"] if multi else "objective",
-                             mode=["max", "min"] if multi else "max")
+                             mode=["max", "min"] if multi else "max", confirm=None if multi else confirm)
     try:
         _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=search,
              num_samples=len(queued) + remaining * DUPLICATE_FACTOR)
         return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
-                "ray_trials": callback.count, "trial_s": budget.trial_s, "measured": len(budget.seen)}
+                "ray_trials": callback.count, "trial_s": budget.trial_s, "measured": len(budget.seen),
+                "confirmed": budget.repeats}
     finally:
         search.close()
         callback.close()

@@ -29,7 +29,8 @@ def summary_table(s: TuneSummary) -> None:
         table.add_column(col, justify=justify)
     for i, rt in enumerate(rows, 1):
         r = rt.record
-        table.add_row(str(i), str(r.id), f"{rt.value:,.1f}", f"{rt.speedup:.2f}x" if rt.speedup else "-",
+        runs = f" (mean of {rt.measurements})" if rt.measurements > 1 else ""
+        table.add_row(str(i), str(r.id), f"{rt.value:,.1f}{runs}", f"{rt.speedup:.2f}x" if rt.speedup else "-",
                       human_bytes(r.peak_memory_bytes or 0), r.bottleneck or "-", _knobs(rt))
     console.print(table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s.statuses.items()))
@@ -47,6 +48,9 @@ def summary_table(s: TuneSummary) -> None:
             console.print(f"{key.replace('_', ' ')}: {s.stats[key]}")
     if s.stats.get("planned"):
         console.print(f"run first after the baseline: the planner's {s.stats['planned']} fastest plans (advisor plan)")
+    if s.stats.get("confirmed"):
+        console.print(f"measured again to settle the leaders: {s.stats['confirmed']} trial(s); a configuration's "
+                      "figure is the mean of its measurements")
     if s.stats.get("stopped_because"):
         console.print(f"stopped: {s.stats['stopped_because']}")
     if s.best is not None:

@@ -48,6 +48,9 @@ class TuneRequest(BaseModel):
     db: str | None = Field(default=None, description="Database URL; default the settings' database_url.")
     ray_address: str | None = Field(default=None, description="An existing Ray cluster; default a local one.")
     remeasure: bool = Field(default=False, description="Measure again what the store already has for this fingerprint.")
+    confirm: int | None = Field(default=None, ge=0, description="Trials of the budget kept to measure the leading "
+                                "configurations again (advisor/tune/confirm.py); default: an eighth of the budget, "
+                                "none under 8 trials or for brute force.")
     margin: float | None = Field(default=None, ge=0, lt=1, description="Memory kept free when pruning (fraction).")
     trial_budget: TrialBudget = Field(default_factory=lambda: TrialBudget(warmup_steps=2, min_steps=5, min_time_s=2.0,
                                                                           timeout_s=300.0))
@@ -76,6 +79,13 @@ class TuneRequest(BaseModel):
         if self.objective == "throughput,memory":
             return "nsga2"
         return "brute-force" if Path(self.space).stem == "exhaustive" else "tpe"
+
+    def resolved_confirm(self) -> int:
+        """Trials kept for measuring leaders again: `confirm`, else trials // 8 (brute force measures the whole
+        space once, so it keeps none). Always fewer than the budget."""
+        wanted = self.confirm if self.confirm is not None else \
+            0 if self.resolved_sampler() == "brute-force" else self.trials // 8
+        return max(0, min(wanted, self.trials - 1))
 
     def study_name(self, workload_name: str, hardware_name: str) -> str:
         if self.study:

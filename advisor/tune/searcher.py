@@ -1,9 +1,11 @@
-"""The tuner's Ray Tune searcher: the queued configurations (baseline, retries) first, then Optuna's, in one
-experiment, so one Ray actor (reused trial after trial) keeps one fork server and one isolation worker.
+"""The tuner's Ray Tune searcher: the queued configurations (baseline, retries) first, then Optuna's, then the
+leaders measured again (advisor/tune/confirm.py), in one experiment, so one Ray actor (reused trial after trial)
+keeps one fork server and one isolation worker.
 
 The Optuna side is built only once the queued trials have finished: the baseline must enter Optuna's study
 as the screen's reference (driver._seed_reference) before the sampler is first asked. Ray pickles searchers
-with its experiment state, so what cannot be pickled (the factory, the hook) lives in `_FACTORIES`.
+with its experiment state, so what cannot be pickled (the factory, the confirmer and its store) lives in
+`_FACTORIES` and `_CONFIRMS`.
 """
 
 from __future__ import annotations
@@ -16,20 +18,30 @@ from typing import Any, Callable
 from ray.tune.search import Searcher
 
 _FACTORIES: dict[int, Callable[[], Searcher]] = {}
+_CONFIRMS: dict[int, Any] = {}
 _KEYS = itertools.count()
 
 
 class QueueThenSearch(Searcher):
     """Suggests each queued `training_config` (JSON) once, waits for them to finish, then builds the inner
-    searcher with `factory()` (which may first seed Optuna's study from their results) and delegates to it."""
+    searcher with `factory()` (which may first seed Optuna's study from their results) and delegates to it.
+    With `confirm` (an object with `due()` and `pick()`), once `due()` holds and the inner searcher's trials in
+    flight are in, each suggestion is `pick()`'s configuration to measure again (marked `repeat`) while it
+    gives one; those never reach the inner searcher. Each trial reports once, so the inner searcher is told a
+    trial's result as it arrives: a budget that ends the experiment on that result loses none of it."""
 
-    def __init__(self, queued: list[str], factory: Callable[[], Searcher], metric: Any, mode: Any) -> None:
+    def __init__(self, queued: list[str], factory: Callable[[], Searcher], metric: Any, mode: Any,
+                 confirm: Any = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self._queued = list(queued)
         self._pending: set[str] = set()  # Ray trial ids of queued configurations still running
+        self._repeats: set[str] = set()  # Ray trial ids measuring a configuration again
+        self._live: set[str] = set()  # Ray trial ids of the inner searcher's whose result is not in yet
         self._inner: Searcher | None = None
         self._key = next(_KEYS)
         _FACTORIES[self._key] = factory
+        if confirm is not None:
+            _CONFIRMS[self._key] = confirm
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:  # noqa: ANN001 - Ray's signature
         return True  # metric and mode are ours; the space is the inner searcher's
@@ -40,28 +52,45 @@ class QueueThenSearch(Searcher):
             return {"training_config": self._queued.pop(0)}
         if self._pending:
             return None  # Ray asks again once a queued trial has finished
+        confirm = _CONFIRMS.get(self._key)
+        if confirm is not None and confirm.due():
+            if self._live:
+                return None  # the leaders are known once the trials in flight are in
+            again = confirm.pick()
+            if again is not None:
+                self._repeats.add(trial_id)
+                return {"training_config": again, "repeat": True}
         if self._inner is None:
             self._inner = _FACTORIES[self._key]()
-        return self._inner.suggest(trial_id)
+        suggested = self._inner.suggest(trial_id)
+        if isinstance(suggested, dict):
+            self._live.add(trial_id)
+        return suggested
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        if trial_id not in self._pending and self._inner is not None:
-            self._inner.on_trial_result(trial_id, result)
+        if trial_id in self._live and self._inner is not None:
+            self._live.discard(trial_id)
+            self._inner.on_trial_complete(trial_id, result=result)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         if trial_id in self._pending:
             self._pending.discard(trial_id)
-        elif self._inner is not None:
+        elif trial_id in self._repeats:
+            self._repeats.discard(trial_id)
+        elif trial_id in self._live and self._inner is not None:  # ended without reporting (its actor died)
+            self._live.discard(trial_id)
             self._inner.on_trial_complete(trial_id, result=result, error=error)
 
     def close(self) -> None:
-        """Forget the factory (call once the experiment is over)."""
+        """Forget the factory and the confirmer (call once the experiment is over)."""
         _FACTORIES.pop(self._key, None)
+        _CONFIRMS.pop(self._key, None)
 
     # Ray checkpoints the searcher; a rerun resumes from our store and Optuna's, not from these files.
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
-            pickle.dump({"queued": self._queued, "pending": self._pending}, f)
+            pickle.dump({"queued": self._queued, "pending": self._pending, "repeats": self._repeats,
+                         "live": self._live}, f)
         if self._inner is not None:
             self._inner.save(checkpoint_path + ".inner")
 
@@ -69,6 +98,7 @@ class QueueThenSearch(Searcher):
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
         self._queued, self._pending = state["queued"], state["pending"]
+        self._repeats, self._live = state.get("repeats", set()), state.get("live", set())
         if os.path.exists(checkpoint_path + ".inner"):
             self._inner = _FACTORIES[self._key]()
             self._inner.restore(checkpoint_path + ".inner")

@@ -14,8 +14,10 @@ from advisor.trial import TrainingConfig
 class RankedTrial(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    record: TrialRecord
-    value: float = Field(description="The objective's first metric (samples/s or tokens/s).")
+    record: TrialRecord = Field(description="The configuration's latest ok measurement.")
+    value: float = Field(description="The objective's first metric (samples/s or tokens/s), the mean of the "
+                         "configuration's measurements.")
+    measurements: int = Field(default=1, description="Times the study measured this configuration ok.")
     speedup: float | None = Field(default=None, description="value over the baseline's (x).")
 
 
@@ -51,21 +53,25 @@ def _pareto(ok: list[TrialRecord], metric: str) -> list[TrialRecord]:
 def summarize_study(store, study_id: int, baseline: TrainingConfig, ctx, stats: dict[str, Any], wall_s: float,
                     top_n: int = 10) -> TuneSummary:
     from advisor.store import config_hash
+    from advisor.tune.confirm import mean_value, measured
 
     study = store.get_study(study_id)
     records = store.study_trials(study_id)
     metric = ctx.metric
     ok = [r for r in records if r.status == RecordStatus.ok and getattr(r, metric)]
-    base_hash = config_hash(baseline)
-    base = next((r for r in ok if r.config_hash == base_hash), None)
-    base_value = getattr(base, metric) if base else None
+    by_config = measured(ok, metric)  # a configuration measured more than once is ranked by its mean
+    base = by_config.get(config_hash(baseline), [None])[-1]
+    base_value = mean_value(by_config[base.config_hash], metric) if base else None
 
     def ranked(r: TrialRecord) -> RankedTrial:
-        value = getattr(r, metric)
-        return RankedTrial(record=r, value=value, speedup=value / base_value if base_value else None)
+        runs = by_config[r.config_hash]
+        value = mean_value(runs, metric)
+        return RankedTrial(record=r, value=value, measurements=len(runs),
+                           speedup=value / base_value if base_value else None)
 
-    top = [ranked(r) for r in sorted(ok, key=lambda r: -getattr(r, metric))[:top_n]]
-    pareto = [ranked(r) for r in _pareto(ok, metric)] if len(ctx.objective.metrics) > 1 else []
+    top = sorted((ranked(runs[-1]) for runs in by_config.values()), key=lambda t: -t.value)[:top_n]
+    pareto = [ranked(r) for r in _pareto([rs[-1] for rs in by_config.values()], metric)] \
+        if len(ctx.objective.metrics) > 1 else []
     return TuneSummary(study_id=study_id, study_name=study.name, metric=metric, objective_key=ctx.objective.key,
                        baseline=base, best=top[0] if top else None, top=top, pareto=pareto,
                        statuses=dict(Counter(r.status.value for r in records)), wall_s=wall_s,

@@ -106,29 +106,34 @@ def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRe
     return rec
 
 
-def evaluate(ctx: StudyContext, config_json: str | None) -> dict[str, Any]:
-    """Claim, reuse, prune or measure one configuration; the metrics to report."""
+def evaluate(ctx: StudyContext, config_json: str | None, *, repeat: bool = False) -> dict[str, Any]:
+    """Claim, reuse, prune or measure one configuration; the metrics to report. `repeat`: measure once more a
+    configuration the study has measured ok (a stored measurement the study does not hold yet is reused)."""
     from advisor.store import config_hash
+    from advisor.store.base import measurement_key
     from advisor.trial import TrialResult, TrialStatus
 
     if config_json is None:  # the draw cannot reach the global batch size: nothing to run
         return _nothing(ctx, "invalid")
     config = TrainingConfig.model_validate_json(config_json)
     store, key = _store(ctx), config_hash(config)
-    claim = store.claim_trial(ctx.study_id, config)
+    claim = store.claim_trial(ctx.study_id, config, repeat=repeat)
     if claim is None:  # measured in this study already, or being measured by another tuner
         rec = _wait_for(store, ctx, key)
         # a repeat within the study: not a new configuration, so the budget must not count it
         return {**metrics_of(rec, ctx, reused=True), "duplicate": True} if rec else _nothing(ctx, "error")
+    held = {measurement_key(r) for r in store.query_trials(TrialQuery(study=ctx.study_id, config_hash=key))}
     prev = None if ctx.request.remeasure else store.find_measured(
-        ctx.workload_fp, ctx.hardware_fp, ctx.software_fp, key, timeout_s=ctx.request.trial_budget.timeout_s)
+        ctx.workload_fp, ctx.hardware_fp, ctx.software_fp, key, timeout_s=ctx.request.trial_budget.timeout_s,
+        exclude=held)
+    marks = {"repeat": True} if repeat else {}
     try:
         if prev is not None and prev.result is not None:
             rec = store.finish_trial(claim, prev.result, estimate=prev.estimate)
             if prev.status == RecordStatus.ok:
                 store.update_best(ctx.workload_fp, ctx.hardware_fp, ctx.objective, rec.id)
-            return metrics_of(rec, ctx, reused=True)
-        return metrics_of(_measure(store, ctx, claim, config), ctx, reused=False)
+            return {**metrics_of(rec, ctx, reused=True), **marks}
+        return {**metrics_of(_measure(store, ctx, claim, config), ctx, reused=False), **marks}
     except Exception as exc:  # noqa: BLE001 - a bug of ours in one trial is that trial's error, not the study's end
         log.exception("trial failed inside the tuner")
         failed = TrialResult(status=TrialStatus.error, error=f"{type(exc).__name__}: {exc}",
@@ -155,4 +160,5 @@ def ray_trainable(config: dict[str, Any], ctx_json: str) -> None:
 
     threading.Thread(target=get_server, daemon=True, name="advisor-forkserver-start").start()
     default_pool().warm()  # the isolated worker that estimates each configuration before it runs
-    tune.report(evaluate(StudyContext.model_validate_json(ctx_json), config.get("training_config")))
+    tune.report(evaluate(StudyContext.model_validate_json(ctx_json), config.get("training_config"),
+                         repeat=bool(config.get("repeat"))))

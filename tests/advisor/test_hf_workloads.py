@@ -198,9 +198,10 @@ except advisor.errors.SpecError as exc:
     assert proc.stdout.strip() == "hf: workloads need the hf extra: pip install 'advisor[hf]'"
 
 
-def test_the_api_plans_a_config(configs, sqlite_url):
-    """POST /v1/plan over the app takes an hf: workload (the planner reads it in its worker); a hub name is a 422
-    with its line, as every route that names a workload answers."""
+def test_the_api_plans_a_config(configs, sqlite_url, tmp_path):
+    """POST /v1/plan over the app takes an hf: workload under ADVISOR_HF_CONFIG_DIRS (the planner reads it in its
+    worker); a hub name, a path outside those folders (a symbolic link out of one included) and any hf: path on a
+    server without them are a 403 with their line, before anything is read."""
     import warnings
 
     with warnings.catch_warnings():
@@ -211,10 +212,21 @@ def test_the_api_plans_a_config(configs, sqlite_url):
     from api.app import create_app
 
     spec = f"hf:{configs['llama']}"
-    with TestClient(create_app(sqlite_url, settings=Settings(database_url=sqlite_url)),
-                    raise_server_exceptions=False) as c:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "config.json").write_text(json.dumps(LLAMA))
+    (configs["llama"].parent / "escape").symlink_to(outside)
+    allowed = Settings(database_url=sqlite_url, hf_config_dirs=f"{configs['llama'].parent}, /nonexistent")
+    with TestClient(create_app(sqlite_url, settings=allowed), raise_server_exceptions=False) as c:
         r = c.post("/v1/plan", json={"workload": spec, "hardware": ["h100-sxm:8"], "global_batch_size": 64, "top": 1})
         assert r.status_code == 200, r.text
         assert r.json()["workload"] == "hf:llama/llama" and r.json()["plans"]
         r = c.post("/v1/estimate", json={"workload": "hf:meta-llama/Llama-3.1-8B", "hardware": "h100-sxm"})
-        assert r.status_code == 422 and "hub is not reached" in r.json()["detail"], r.text
+        assert r.status_code == 403 and "hub is not reached" in r.json()["detail"], r.text
+        for path in (outside, configs["llama"].parent / "escape", configs["llama"].parent / ".." / "elsewhere"):
+            r = c.post("/v1/estimate", json={"workload": f"hf:{path}", "hardware": "h100-sxm"})
+            assert r.status_code == 403 and "outside ADVISOR_HF_CONFIG_DIRS" in r.json()["detail"], r.text
+    with TestClient(create_app(sqlite_url, settings=Settings(database_url=sqlite_url)),
+                    raise_server_exceptions=False) as c:
+        r = c.post("/v1/plan", json={"workload": spec, "hardware": ["h100-sxm:8"]})
+        assert r.status_code == 403 and "ADVISOR_HF_CONFIG_DIRS" in r.json()["detail"], r.text

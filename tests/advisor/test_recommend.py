@@ -1,7 +1,7 @@
 """`recommend` against a real SQLite store holding real TrialResults: measured when the fingerprint
 matches, transferred (batch rescaled, precision switched, knobs dropped, throughput scaled by the
 roofline) when only other hardware or a same-named workload has results, estimated from an empty
-store, planned for a decoder on GPUs; candidates ranked by time and by cost per epoch."""
+store (with activation checkpointing where nothing fits without it), planned for a decoder on GPUs; candidates ranked by time and by cost per epoch."""
 
 from __future__ import annotations
 
@@ -103,6 +103,17 @@ def test_estimated_from_an_empty_store(url):
         assert r.time_per_epoch_s == pytest.approx(100_000 / r.samples_per_s)
     # the largest batch on an 80 GB device is larger than on a 32 GB one
     assert recs["a100-80gb"].config.batch_size > recs["v100"].config.batch_size
+
+
+def test_an_encoder_that_fits_no_batch_on_one_gpu_is_recommended_with_activation_checkpointing(url):
+    """bert-base at 32k tokens on an L4 (24 GB): no batch fits with every activation held; with each layer
+    recomputed in backward, batch 1 does."""
+    (rec,) = recommend("bert-base", "l4", workload_args={"seq_len": 32768}, db=url)
+    assert rec.provenance == "estimated" and rec.fits and rec.config.batch_size >= 1
+    assert rec.config.checkpointing.value == "full" and "activation checkpointing (full)" in rec.reason
+    assert rec.peak_memory_bytes <= get_hardware("l4").memory_per_device_bytes
+    (short,) = recommend("bert-base", "l4", workload_args={"seq_len": 512}, db=url)
+    assert short.fits and short.config.checkpointing.value == "none"  # it fits as it is: nothing recomputed
 
 
 def test_epoch_is_the_dataset_or_a_million_samples(url):

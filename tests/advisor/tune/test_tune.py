@@ -110,7 +110,7 @@ def test_a_new_study_reuses_measurements_within_its_budget(data_dir):
     replay = run_tune(data_dir, db, "--trials", "2", "--sampler", "random", "--study", "replay")
     # every configuration is reused from the grid study, and reused ones count towards the budget
     assert replay["statuses"] == {"ok": 2} and replay["trial_s"] == 0
-    assert replay["stats"]["stopped_because"].startswith("measured the 2 configuration(s)")
+    assert replay["stats"]["stopped_because"].startswith("ran the 2 trial(s)")
     rows = stored(db)
     assert len(rows) == 6
     grid_results = {r.config_hash: r.samples_per_s for r in rows if r.study_id == grid["study_id"]}
@@ -124,6 +124,45 @@ def test_a_new_study_reuses_measurements_within_its_budget(data_dir):
     assert apart["statuses"] == {"ok": 2} and apart["baseline"]["config"]["batch_size"] == 8
     drawn = [r.config.batch_size for r in stored(db) if r.study_id == apart["study_id"]]
     assert len(drawn) == 2 and drawn.count(8) == 1 and set(drawn) - {8} <= {4, 16}, drawn
+
+
+def test_the_leaders_are_measured_again_and_the_best_is_the_best_mean(data_dir):
+    """Two passes over a 3-point grid, their figures (the row's and its result's) then set so that batch 4's newer
+    run is the lucky one: a study without confirmation names it best on that one run; with one trial kept to
+    confirm, the tuner measures it again (reusing the older pass, not the copy it holds) and names batch 2, the
+    better mean."""
+    import optuna
+    import sqlalchemy as sa
+
+    from advisor.store.models import TrialRow
+
+    db = f"sqlite:///{data_dir / 'advisor.db'}"
+    space = data_dir / "batches.yaml"
+    space.write_text("name: batches\nknobs:\n  batch_size: {choices: [2, 4, 8]}\n")
+    grid = [run_tune(data_dir, db, "--trials", "3", "--sampler", "brute-force", "--study", f"grid{i}",
+                     "--space", str(space), *(["--remeasure"] if i else [])) for i in range(2)]
+    assert all(g["statuses"] == {"ok": 3} for g in grid)
+    figures = {(0, 8): 50.0, (1, 8): 50.0, (0, 4): 80.0, (1, 4): 100.0, (0, 2): 99.0, (1, 2): 95.0}
+    engine = sa.create_engine(db)
+    with engine.begin() as conn:
+        for row in conn.execute(sa.select(TrialRow.id, TrialRow.study_id, TrialRow.result)).all():
+            study = next(i for i, g in enumerate(grid) if g["study_id"] == row.study_id)
+            sps = figures[study, row.result["config"]["batch_size"]]
+            conn.execute(sa.update(TrialRow).where(TrialRow.id == row.id)
+                         .values(samples_per_s=sps, result={**row.result, "samples_per_s": sps}))
+    engine.dispose()
+    common = ("--trials", "3", "--sampler", "brute-force", "--space", str(space))
+    once = run_tune(data_dir, db, *common, "--study", "once", "--confirm", "0")
+    assert once["best"]["record"]["config"]["batch_size"] == 4 and once["best"]["value"] == 100.0
+    # Ray ended the experiment on the last trial's result; Optuna's study has it all the same
+    study = optuna.load_study(study_name=once["study_name"], storage=db)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    confirmed = run_tune(data_dir, db, "--trials", "4", "--sampler", "brute-force", "--space", str(space),
+                         "--study", "confirmed", "--confirm", "1")
+    assert confirmed["stats"]["confirmed"] == 1 and confirmed["trial_s"] == 0  # nothing measured: all reused
+    ranked = [(t["record"]["config"]["batch_size"], t["value"], t["measurements"]) for t in confirmed["top"]]
+    assert ranked == [(2, 95.0, 1), (4, 90.0, 2), (8, 50.0, 1)]
+    assert confirmed["best"]["speedup"] == pytest.approx(95.0 / 50.0)
 
 
 def test_kill_9_then_resume_loses_and_repeats_nothing(data_dir):
