@@ -1,7 +1,8 @@
 """`recommend` against a real SQLite store holding real TrialResults: measured when the fingerprint
 matches, transferred (batch rescaled, precision switched, knobs dropped, throughput scaled by the
 roofline) when only other hardware or a same-named workload has results, estimated from an empty
-store (with activation checkpointing where nothing fits without it), planned for a decoder on GPUs; candidates ranked by time and by cost per epoch."""
+store (with activation checkpointing where nothing fits without it), planned for a decoder on GPUs;
+candidates ranked by time and by cost per epoch."""
 
 from __future__ import annotations
 
