@@ -17,12 +17,15 @@ _NODES = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
 def add_parser(sub: argparse._SubParsersAction, positive_int) -> None:  # noqa: ANN001 (argparse types)
+    from advisor.finetune import add_finetune_args
+
     p = sub.add_parser("plan", help="the fastest (or cheapest) ways to train a decoder on GPUs: meshes, ZeRO, "
                        "micro-batches, checkpointing, pruned by memory and ranked by predicted step time")
     p.add_argument("--workload", "-w", required=True, help="decoder preset (llama-70b, gpt2-xl, decoder) or "
                    "path/to/file.py:build of a decoder")
     p.add_argument("--workload-arg", "-a", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the workload's build (JSON where it parses); repeatable")
+    add_finetune_args(p)  # a fine-tune is planned data parallel only (docs/planner.md)
     p.add_argument("--hardware", "-H", action="append", required=True, metavar="H",
                    help="NAME:N (N devices on one node) or NAME:NxM (M nodes); with --nodes, NAME:N per node; "
                         "repeatable")
@@ -67,12 +70,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from advisor.errors import invalid_input
+    from advisor.finetune import cli_workload_args
     from advisor.plan.knobs import parse_fixes
     from advisor.plan.search import PlanRequest, plan
-    from advisor.workload import parse_workload_args
 
     try:
-        request = PlanRequest(workload=args.workload, workload_args=parse_workload_args(args.workload_arg),
+        request = PlanRequest(workload=args.workload, workload_args=cli_workload_args(args),
                               hardware=args.hardware, nodes=parse_nodes(args.nodes),
                               global_batch_size=args.global_batch_size, fixed=parse_fixes(args.fix),
                               prices=parse_price(args.price, args.hardware), top=args.top)

@@ -2,9 +2,9 @@
 cheapest) per epoch. Each answer says where it comes from: `measured` (the stored best for this
 workload and hardware fingerprint), `transferred` (a stored best of the same workload on other
 hardware, or of a same-named workload on this hardware, adjusted by the estimator), or
-`planned` (a decoder on GPUs: the planner's fastest plan that fits, its memory from the analytic estimator and its
-time from the step-time model), or `estimated` (estimator and roofline only). The CLI and the HTTP API both call
-`recommend`."""
+`planned` (a decoder on GPUs, a Hugging Face causal LM or a fine-tune of either included: the planner's fastest
+plan that fits, its memory from the analytic estimator and its time from the step-time model), or `estimated`
+(estimator and roofline only). The CLI and the HTTP API both call `recommend`."""
 
 from __future__ import annotations
 
@@ -301,7 +301,9 @@ def _estimated(t: _Target, name: str, hw: "HardwareSpec", tried: list[str]) -> R
     """A decoder on several GPUs gets the planner's answer; anything else PyTorch's defaults at the largest batch
     that fits on one device (with full activation checkpointing where none fits without it), and a decoder the
     planner's where none fits even so."""
-    planned = t.workload.decoder is not None and hw.device_type == "cuda"
+    from advisor.plan.recommend import planned_arch
+
+    planned = hw.device_type == "cuda" and planned_arch(t.workload, t.spec, t.args) is not None
     if planned and hw.world_size > 1:
         return _planned(t, name, tried)
     rec = _defaults(t, name, hw, tried, recompute=not planned)  # the planner weighs checkpointing for a decoder
@@ -311,7 +313,7 @@ def _estimated(t: _Target, name: str, hw: "HardwareSpec", tried: list[str]) -> R
 def _planned(t: _Target, name: str, tried: list[str]) -> Recommendation:
     from advisor.plan.recommend import describe, plans_for, training_config
 
-    result = plans_for(t.workload, name)
+    result = plans_for(t.workload, name, t.spec, t.args)
     best = result.plans[0]
     nothing = "nothing stored for this workload on this or other hardware" if not tried else "; ".join(tried)
     if not result.fits:

@@ -239,10 +239,12 @@ def _plan_request(body: PlanRequest, state: AppState):  # noqa: ANN202 (advisor.
         if info.decoder is None:
             raise SpecError(f"{body.workload} is not a decoder; the planner covers decoder models")
         known, name = dict(workload_args={}, workload=None, arch=info.decoder), info.name
+        if body.finetune is not None and not body.finetune.empty:  # as advisor.finetune.finetuned names it
+            name += "+lora" if body.finetune.lora is not None else "+freeze"
     try:
         return Planned(hardware=body.hardware, nodes=body.nodes, global_batch_size=body.global_batch_size,
                        fixed=body.fix, prices=body.prices, objective=body.objective, top=body.top,
-                       margin=body.margin, **known), name
+                       margin=body.margin, finetune=body.finetune, **known), name
     except ValidationError as exc:
         raise invalid_input(exc) from exc
 

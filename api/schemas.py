@@ -196,8 +196,9 @@ class RecommendRequest(FineTuned):
         return v
 
 
-class PlanRequest(WorkloadRef):
-    """What POST /v1/plan plans: `advisor plan`'s options (a decoder workload on GPU targets)."""
+class PlanRequest(FineTuned):
+    """What POST /v1/plan plans: `advisor plan`'s options (a decoder workload on GPU targets), fine-tuned or not
+    (a fine-tune is planned data parallel only: tp, pp, cp or dp_replicate held above 1 with it is a 422)."""
 
     workload: str = Field(min_length=1, max_length=200, description="A decoder preset (GET /v1/workloads: "
                           "llama-*, gpt2-*, decoder, ...), or `pkg.module:build` inside the server's "

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy
 from advisor.estimate.parallel_moments import F32, RankDims, RankMemory, StageFigures, StepKnobs, schedule_order
+from advisor.estimate.parallel_tuned import Tuning
 from advisor.parallel.layout import Layout
 from advisor.workload import DecoderArch
 
@@ -35,42 +36,50 @@ if TYPE_CHECKING:
 def analytic_rank(arch: DecoderArch, layout: Layout, pp_rank: int, batch_size: int, *, precision: Precision,
                   optimizer: OptimizerKind, checkpointing: Checkpointing | bool = Checkpointing.none,
                   optimizer_impl: str | None = None, device_type: str = "cuda", grad_accum: int = 1,
-                  offload_optimizer: bool = False,
-                  offload_params: bool = False) -> tuple[dict[str, int], dict[str, int]]:
+                  offload_optimizer: bool = False, offload_params: bool = False,
+                  tuning: Tuning | None = None) -> tuple[dict[str, int], dict[str, int]]:
     """(peak breakdown in bytes, as strategy.peak_breakdown names its parts; collective payload bytes per optimizer
     step by kind, as comm.py counts them) of every rank of pipeline rank `pp_rank`.
 
     `batch_size`: samples per data-parallel replica per step (split into layout.n_microbatches under pp);
     `optimizer_impl`: as training.make_optimizer takes it (None: torch's per-parameter loop, as on a CPU);
     `device_type`: the ranks' devices ("cpu": gloo's collectives, "cuda": NCCL's); `grad_accum`: batches whose
-    gradients a step accumulates; `offload_optimizer`, `offload_params`: ZeRO-Offload (RankMemory._offload)."""
+    gradients a step accumulates; `offload_optimizer`, `offload_params`: ZeRO-Offload (RankMemory._offload);
+    `tuning`: a fine-tune's frozen parts and adapters (parallel_tuned.py), None for full training."""
     mem, comm = rank_memory(arch, layout, pp_rank, batch_size, precision=precision, optimizer=optimizer,
                             checkpointing=checkpointing, optimizer_impl=optimizer_impl, device_type=device_type,
-                            knobs=StepKnobs(grad_accum, offload_optimizer, offload_params))
+                            knobs=StepKnobs(grad_accum, offload_optimizer, offload_params), tuning=tuning)
     return mem.peak(), comm
 
 
 def rank_memory(arch: DecoderArch, layout: Layout, pp_rank: int, batch_size: int, *, precision: Precision,
                 optimizer: OptimizerKind, checkpointing: Checkpointing | bool, optimizer_impl: str | None,
-                device_type: str, knobs: StepKnobs) -> tuple[RankMemory, dict[str, int]]:
+                device_type: str, knobs: StepKnobs,
+                tuning: Tuning | None = None) -> tuple[RankMemory, dict[str, int]]:
     """`analytic_rank`'s RankMemory, before its peak is taken, and its collective bytes."""
     checkpointing = Checkpointing(checkpointing)
     micro = batch_size // layout.n_microbatches if layout.pp > 1 else batch_size
-    d = _dims(arch, layout, micro, precision, device_type == "cpu")
-    stages = [_stage(arch, layout, d, s, checkpointing) for s in _stage_indices(layout, pp_rank)]
+    d = _dims(arch, layout, micro, precision, device_type == "cpu", tuning)
+    stages = [_stage(arch, layout, d, s, checkpointing, tuning) for s in _stage_indices(layout, pp_rank)]
     mem = RankMemory(arch, layout, d, stages, pp_rank, optimizer, optimizer_impl, batch_size, checkpointing, knobs)
     comm = _comm(arch, layout, d, stages, pp_rank, checkpointing, knobs.grad_accum)
     return mem, {k: v for k, v in sorted(comm.items()) if v}
 
 
-def _dims(arch: DecoderArch, layout: Layout, micro: int, precision: Precision, gloo: bool) -> RankDims:
+def _dims(arch: DecoderArch, layout: Layout, micro: int, precision: Precision, gloo: bool,
+          tuning: Tuning | None = None) -> RankDims:
     pure = precision == Precision.bf16_pure
     autocast = precision.autocast_dtype is not None
     sp = layout.sequence_parallel and layout.tp > 1
     tokens = arch.seq_len // layout.cp  # each context-parallel rank's share of every sequence
+    r, w, z = 2 if pure else 4, 0, 0
+    if tuning is not None:  # frozen parameters in bf16 under bf16 (hold_frozen): a frozen embedding's output, and
+        # the residual stream after it (autocast's products add bf16 to it), are bf16
+        w, z = r, 2 if precision in (Precision.bf16, Precision.bf16_pure) else 4
+        r = z if tuning.embeddings_frozen() else r
     return RankDims(b=micro, T=tokens, s=tokens // layout.tp if sp else tokens, t=layout.tp,
-                    r=2 if pure else 4, c=2 if pure or autocast else 4, autocast=autocast, pp=layout.pp > 1,
-                    gloo=gloo, ring=layout.cp > 1)
+                    r=r, c=2 if pure or autocast else 4, autocast=autocast, pp=layout.pp > 1,
+                    gloo=gloo, ring=layout.cp > 1, w=w, z=z)
 
 
 def _block_shapes(arch: DecoderArch, t: int) -> tuple[tuple[int, int], ...]:
@@ -112,8 +121,14 @@ def _embedding_rows(arch: DecoderArch, first: bool) -> tuple[int, ...]:
     return ((arch.vocab,) + ((arch.seq_len,) if arch.learned_positions else ())) if first else ()
 
 
-def _stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, checkpointing: Checkpointing) -> StageFigures:
-    """Stage `index`'s figures on one tp rank (pipeline.py's DecoderStage, tensor.py's plan)."""
+def _stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, checkpointing: Checkpointing,
+           tuning: Tuning | None = None) -> StageFigures:
+    """Stage `index`'s figures on one tp rank (pipeline.py's DecoderStage, tensor.py's plan); a fine-tune's
+    (`tuning`) by parallel_tuned.py."""
+    if tuning is not None:
+        from advisor.estimate.parallel_tuned import tuned_stage
+
+        return tuned_stage(arch, layout, d, index, checkpointing, tuning)
     layers = layout.split(arch.layers)[index]
     first, last = index == 0, index == layout.stages - 1
     block, root = _block_shapes(arch, d.t), _root_shapes(arch, d.t, first, last)
@@ -205,14 +220,14 @@ def _loss_extra(arch: DecoderArch, d: RankDims) -> tuple[int, int, int]:
     return gather, loss, 2 * logits * F32
 
 
-def _block_backward(arch: DecoderArch, d: RankDims, first: bool) -> int:
+def _block_backward(arch: DecoderArch, d: RankDims, first: bool, weights: bool = True) -> int:
     """Bytes beyond the saved ones at the heights of a block's FFN backward: its last matrix's weight and input
     gradients; then, that matrix's input freed, (SwiGLU) both gradients of the gating product; then, the FFN's
     activations freed, the gradients of its input (each Linear's, their fp32 casts under autocast, their sum) beside
     the FFN's weight gradients. The stage's first backward keeps its weight gradients; a later one adds each into
-    the kept one and frees it."""
+    the kept one and frees it. `weights`: the FFN's weights train (a frozen one makes no gradient)."""
     h, f = arch.hidden, arch.ffn_hidden // d.t
-    inner, weight = d.b * d.T * f * d.c, h * f * d.r
+    inner, weight = d.b * d.T * f * d.c, h * f * d.pw * weights
     matrices = 3 if arch.gated_ffn else 2
     product = (2 if arch.gated_ffn else 1) * inner
     reads = (2 if arch.gated_ffn else 1) if d.autocast else 1
@@ -229,12 +244,25 @@ def _comm(arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigu
     dimensions."""
     from collections import Counter
 
-    from advisor.estimate.parallel_comm import comm_by_dim
-
     out: Counter[str] = Counter()
-    for kinds in comm_by_dim(arch, layout, d, stages, pp_rank, checkpointing, grad_accum).values():
+    for kinds in layout_comm(arch, layout, d, stages, pp_rank, checkpointing, grad_accum).values():
         out.update(kinds)
     return dict(out)
+
+
+def layout_comm(arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigures], pp_rank: int,
+                checkpointing: Checkpointing, grad_accum: int = 1) -> dict[str, dict[str, int]]:
+    """parallel_comm.comm_by_dim's payload bytes by mesh dimension; where the stages hold frozen parameters (a
+    fine-tune), its data-parallel ones as parallel_tuned.tuned_data_comm counts them."""
+    from advisor.estimate.parallel_comm import comm_by_dim
+
+    out = comm_by_dim(arch, layout, d, stages, pp_rank, checkpointing, grad_accum)
+    if any(st.frozen_units for st in stages):
+        from advisor.estimate.parallel_tuned import tuned_data_comm
+
+        out = {k: v for k, v in out.items() if k not in ("dp", "replicate")}
+        out.update(tuned_data_comm(layout, d, stages, pp_rank, grad_accum))
+    return out
 
 
 def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing: Checkpointing) -> dict[str, int]:

@@ -33,6 +33,18 @@ class RankDims:
     pp: bool  # the stage runs under a pipeline schedule (its output waits for its backward)
     gloo: bool  # collectives run on gloo (a CPU rank), whose all-gather holds a buffer of its output's size
     ring: bool = False  # context parallel: attention is the ring (context.py), fed unexpanded keys and values
+    w: int = 0  # trained parameters (fine-tune): 2 under pure bf16, else 4; 0: r
+    z: int = 0  # frozen parameters (fine-tune): 2 under bf16 or pure bf16 (finetune.hold_frozen), else 4; 0: r
+
+    @property
+    def pw(self) -> int:
+        """Bytes of a trained parameter."""
+        return self.w or self.r
+
+    @property
+    def pf(self) -> int:
+        """Bytes of a frozen parameter."""
+        return self.z or self.r
 
 
 @dataclass(frozen=True)
@@ -55,12 +67,13 @@ class StageFigures:
     head_grad: int  # bytes of the output weight's gradient (last stage)
     embed_grad: int  # bytes of the embeddings' gradients, whole tables (first stage)
     largest: int  # bytes of the stage's largest Linear weight
-    block_bytes: int  # bytes of one block's parameters
+    block_bytes: int  # bytes of the gradient of the stage's first block (its trained parameters)
     block_linear: int  # elements of one block's Linear weights and biases
     first_block: int  # bytes a micro-batch keeps as its backward reaches the stage's first block
     per_layer: int  # bytes a block keeps per micro-batch (its input alone when checkpointed)
     grad_extra: int  # gradient bytes beyond the local parameters': tp's embeddings get whole-table gradients
     buffers: int  # pipeline receive buffers, kept across steps (bytes)
+    frozen_units: tuple[tuple[tuple[int, int], ...], ...] = ()  # per unit, its frozen parameters' shapes (fine-tune)
 
 
 @dataclass(frozen=True)
@@ -123,27 +136,36 @@ class RankMemory:
         self.fsdp = layout.grad_ranks > 1 and layout.strategy in (Strategy.zero2, Strategy.zero3)
         self.zero3 = self.fsdp and layout.strategy == Strategy.zero3
         rows = (lambda n: -(-n // dp)) if self.fsdp else (lambda n: n)
-        shapes = [(rows(a), b) for st in stages for u in st.units for a, b in u]
-        self.params = sum(a * b for a, b in shapes) * d.r  # at rest: FSDP's padded shards, else whole
-        self.units = [[sum(a * b for a, b in u) * d.r for u in st.units] for st in stages]  # each unit unsharded
-        self.padded = [[sum(-(-a // dp) * dp * b for a, b in u) * d.r for u in st.units] for st in stages]
+        frozen = [st.frozen_units or ((),) * len(st.units) for st in stages]  # a fine-tune's frozen parameters
+        shapes = [(rows(a), b) for st in stages for u in st.units for a, b in u]  # trained
+        held = [(rows(a), b) for fr in frozen for u in fr for a, b in u]
+        self.params = sum(a * b for a, b in shapes) * d.pw + sum(a * b for a, b in held) * d.pf  # at rest
+        # each unit unsharded, padded to dp chunks and at rest: its parameters (what FSDP gathers), and its trained
+        # parameters alone (their gradients); both the same without a fine-tune
+        g_units = [[_elements(u) * d.pw for u in st.units] for st in stages]
+        g_padded = [[_elements(u, dp) * d.pw for u in st.units] for st in stages]
+        self.units = [[g + _elements(f) * d.pf for g, f in zip(gs, fr)] for gs, fr in zip(g_units, frozen)]
+        self.padded = [[g + _elements(f, dp) * d.pf for g, f in zip(gs, fr)] for gs, fr in zip(g_padded, frozen)]
         self.sharded = [[p // dp if self.fsdp else w for p, w in zip(ps, ws)]  # each unit at rest
                         for ps, ws in zip(self.padded, self.units)]
+        self.g_units = g_units
+        self.g_sharded = [[p // dp if self.fsdp else w for p, w in zip(ps, ws)] for ps, ws in zip(g_padded, g_units)]
         self.whole = [sum(u) for u in self.units]  # each stage's units unsharded (bytes)
-        self.at_shards = [sum(u) for u in self.sharded]  # each stage's units at rest (bytes)
+        self.g_whole = [sum(u) for u in self.g_units]  # their gradients (bytes)
+        self.g_at_shards = [sum(u) for u in self.g_sharded]  # their gradients, sharded (bytes)
         zero1 = layout.grad_ranks > 1 and layout.strategy == Strategy.zero1
         owned = zero_partition(shapes, layout.grad_ranks) if zero1 else shapes
-        self.state = state_bytes(owned, optimizer, d.r)
+        self.state = state_bytes(owned, optimizer, d.pw)
         if optimizer == OptimizerKind.sgd_momentum and not (self.fsdp or zero1):  # clones the whole-table gradient
             self.state += sum(st.grad_extra for st in stages)
-        self.step_temps = step_temps(owned, optimizer, impl, d.r)
+        self.step_temps = step_temps(owned, optimizer, impl, d.pw)
         self.copies = sum(st.linear for st in stages) * d.c if d.autocast else 0
         # without pp, autocast's cache dies as forward ends: a checkpointed block saved no weight copy, and its
         # recompute makes its own again, one block at a time
         recomputed = [st for st in stages if Checkpointing(checkpointing) == Checkpointing.full and st.layers >= 2]
         self.freed = sum((st.layers - 1) * st.block_linear for st in recomputed) * d.c * (d.autocast and not d.pp)
         ddp = layout.strategy in (Strategy.ddp, Strategy.zero1) and layout.grad_ranks > 1
-        self.buckets = sum(map(sum, self.units)) if ddp else 0  # DDP's gradient buckets (zero1: DDP + ZeRO's optimizer)
+        self.buckets = sum(self.g_whole) if ddp else 0  # DDP's gradient buckets (zero1: DDP + ZeRO's optimizer)
         self.kept = batch_size * (arch.seq_len + 1) * 8 + sum(st.buffers for st in stages)  # token ids, pp buffers
         self.held = knobs.grad_accum > 1  # the last micro-step of a step starts with the others' gradients
         # parameters at rest, gradients at the step, optimizer state (bytes), wherever offload keeps them
@@ -159,6 +181,7 @@ class RankMemory:
         if knobs.offload_params:
             self.params = 0
             self.sharded = [[0] * len(units) for units in self.sharded]
+            self.g_sharded = [[0] * len(units) for units in self.g_sharded]
 
     def peak(self) -> dict[str, int]:
         moments = self._schedule()
@@ -185,7 +208,7 @@ class RankMemory:
         if not (ran or self.held):
             return 0
         reduced = final or (ran and not self.d.pp)
-        return self.at_shards[i] if self.fsdp and reduced else self.whole[i] + self.stages[i].grad_extra
+        return self.g_at_shards[i] if self.fsdp and reduced else self.g_whole[i] + self.stages[i].grad_extra
 
     def _schedule(self) -> list[dict[str, int]]:
         count = len(self.stages)
@@ -286,7 +309,7 @@ class RankMemory:
         acts = self._acts() - st.saved + st.first_block + st.per_layer
         blocks = len(units) - 1
         embed = st.embed_grad - st.grad_extra
-        grads = (blocks - 2) * self.sharded[i][0] + units[-1] - embed
+        grads = (blocks - 2) * self.g_sharded[i][0] + self.g_units[i][-1] - embed
         buffer = self.padded[i][0]
         extra = 2 * buffer + max(buffer * d.gloo, st.block_bwd[again])
         grads = self._held_reduced(i, blocks - 2) if again else grads
@@ -297,18 +320,18 @@ class RankMemory:
         by now, FSDP without pp: `done` blocks' unsharded gradients gone to their shards (bytes, <= 0)."""
         if not (self.held and self.fsdp and not self.d.pp and self.backwards[i] == 0):
             return 0
-        return -max(done, 0) * (self.units[i][0] - self.sharded[i][0])
+        return -max(done, 0) * (self.g_units[i][0] - self.g_sharded[i][0])
 
     def _early_grads(self, i: int) -> int:
         """Gradient bytes of stage i before its first block's backward: every other block's and the head's. FSDP
         without pp has reduce-scattered each finished block's to its shard; the root's wait for the root's end."""
-        st, units = self.stages[i], self.units[i]
+        st, units = self.stages[i], self.g_units[i]
         embed = st.embed_grad - st.grad_extra
         later = sum(units) - st.block_bytes - embed
         if not self.fsdp or self.d.pp:
             return later
         blocks = max(len(units) - 2, 0)  # the units but the first block and the root
-        return blocks * self.sharded[i][0] + units[-1] - embed
+        return blocks * self.g_sharded[i][0] + units[-1] - embed
 
     def _gather_buffer(self, i: int) -> int:
         """FSDP2's all-gather output of one block of the stage (padded), held until the next gather's."""
@@ -333,6 +356,11 @@ class RankMemory:
         extra = st.head_grad + buffer + max(buffer * d.gloo, st.block_bwd[0]) + bth * d.r
         freed = st.head_grad // d.r * d.c * d.autocast  # the output layer's weight copy, its backward done
         return [output, self._now(acts - st.head, extra, units[-1] + block, freed=freed + self.freed)]
+
+
+def _elements(unit: tuple[tuple[int, int], ...], dp: int = 1) -> int:
+    """Elements of a unit's shapes, each one's dim 0 padded to a multiple of `dp` (FSDP2's chunks)."""
+    return sum(-(-a // dp) * dp * b for a, b in unit)
 
 
 def zero_partition(shapes: list[tuple[int, int]], ranks: int) -> list[tuple[int, int]]:

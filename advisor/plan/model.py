@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from advisor.finetune import FineTune
 from advisor.plan.knobs import FixedKnobs, PlanConfig
 from advisor.plan.steptime import StepBreakdown
 from advisor.workload import DecoderArch
@@ -35,8 +36,13 @@ class PlanRequest(BaseModel):
 
     workload: str | None = Field(default=None, description="Preset name (llama-70b) or file.py:build of a decoder; "
                                  "or give `arch`.")
-    workload_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of its build.")
+    workload_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of its build (a "
+                                          "fine-tune among them, as advisor.finetune.with_finetune puts it, is "
+                                          "taken as `finetune`).")
     arch: DecoderArch | None = Field(default=None, description="The decoder's shape, instead of a workload.")
+    finetune: FineTune | None = Field(default=None, description="What of the decoder trains: frozen modules and "
+                                      "LoRA adapters (advisor/finetune.py); planned data parallel only. None: "
+                                      "full training, or the fine-tune workload_args carry.")
     hardware: list[str] = Field(min_length=1, description="Hardware specs (catalog NAME:N or NAME:NxM); with "
                                 "`nodes`, NAME:N gives the devices per node.")
     nodes: tuple[int, int] | None = Field(default=None, description="Plan each node count first..last (inclusive) "

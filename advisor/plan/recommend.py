@@ -3,25 +3,50 @@ TrainingConfig the trial runner can run."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from advisor.plan.knobs import Offload, PlanConfig
 from advisor.trial import TrainingConfig
 
 if TYPE_CHECKING:
     from advisor.plan.model import Plan, PlanResult
-    from advisor.workload import Workload
+    from advisor.workload import DecoderArch, Workload
 
 
-def plans_for(workload: "Workload", hardware: str) -> "PlanResult":
-    """The planner's answer for `workload` (a decoder) on `hardware` as asked (NAME:N or NAME:NxM), at the default
-    global batch, without offload (a trial cannot run it)."""
+def planned_arch(workload: "Workload", spec: str | None = None,
+                 args: dict[str, Any] | None = None) -> "DecoderArch | None":
+    """The decoder shape the planner plans `workload` as: its own, or, where the workload args carry a fine-tune
+    (advisor.finetune.finetuned leaves no shape on the workload), that of `spec` built without it; for a Hugging
+    Face causal LM (`hf:` spec), the advisor's decoder of its shape; None for a model that is not a decoder."""
+    from advisor.finetune import finetune_of, with_finetune
+
+    hf = spec is not None and spec.startswith("hf:")
+    if workload.decoder is not None or spec is None or (finetune_of(args) is None and not hf):
+        return workload.decoder
+    from advisor.workload import load_workload
+
+    base = load_workload(spec, with_finetune(args, None))
+    if hf:
+        from advisor.presets.hf import hf_decoder_arch
+
+        return hf_decoder_arch(base)
+    return base.decoder
+
+
+def plans_for(workload: "Workload", hardware: str, spec: str | None = None,
+              args: dict[str, Any] | None = None) -> "PlanResult":
+    """The planner's answer for `workload` (a decoder, or a fine-tune of one: `spec` and its `args`, as
+    `planned_arch` takes them) on `hardware` as asked (NAME:N or NAME:NxM), at the default global batch, without
+    offload (a trial cannot run it); a fine-tune, and a Hugging Face model (whose modules the trial's tensor and
+    pipeline plans do not know), are planned data parallel, as their trials run."""
+    from advisor.finetune import finetune_of
     from advisor.plan.knobs import FixedKnobs
     from advisor.plan.model import PlanRequest
     from advisor.plan.search import plan
 
-    return plan(PlanRequest(arch=workload.decoder, hardware=[hardware], top=1,
-                            fixed=FixedKnobs(offload=Offload.none)))
+    whole = dict(tp=1, pp=1, cp=1) if spec is not None and spec.startswith("hf:") else {}
+    return plan(PlanRequest(arch=planned_arch(workload, spec, args), finetune=finetune_of(args), hardware=[hardware],
+                            top=1, fixed=FixedKnobs(offload=Offload.none, **whole)))
 
 
 def training_config(config: PlanConfig) -> TrainingConfig:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from advisor.errors import SpecError, invalid_input
+from advisor.estimate.parallel_tuned import Tuning
 from advisor.hardware.spec import HardwareSpec
 from advisor.plan.knobs import FixedKnobs, Offload, PlanConfig
 from advisor.plan.memory import DeviceMemory, device_memory, held_bytes, peak_ranks, usable_bytes
@@ -20,7 +21,8 @@ from advisor.plan.model import DEFAULT_TOKENS_PER_STEP, Objective, Plan, PlanReq
 from advisor.plan.space import CHECKPOINTING, Family, Rejections, families
 from advisor.workload import DecoderArch
 
-__all__ = ["Plan", "PlanRequest", "PlanResult", "plan", "resolve_arch", "targets"]
+__all__ = ["Plan", "PlanRequest", "PlanResult", "plan", "resolve", "resolve_arch", "targets"]
+LAYOUT_KNOBS = ("tp", "pp", "cp", "dp_replicate")  # what a fine-tune's trial cannot run above 1
 
 
 @dataclass
@@ -60,7 +62,7 @@ class Board:
 def plan(request: PlanRequest) -> PlanResult:
     """The top `request.top` plans over every target; SpecError (one line) for input no configuration can take."""
     t0 = time.perf_counter()
-    arch, name = resolve_arch(request)
+    arch, name, tuning = resolve(request)
     batch = request.global_batch_size or default_global_batch(arch)
     hardware = targets(request)
     priced = all(hw.accelerator.name in request.prices for hw in hardware)
@@ -74,8 +76,13 @@ def plan(request: PlanRequest) -> PlanResult:
     if (request.workload or "").startswith("hf:"):
         notes.append(f"{name}: planned as the advisor's decoder of the config's shape (its layers, widths, heads, "
                      "vocabulary and norm), not transformers' own modules")
+    if tuning is not None:
+        notes.append(f"{name}: a fine-tune is planned data parallel only (one device, ddp, zero1, zero2, zero3; no "
+                     "tp, pp, cp or HSDP), the layouts its trial runs; frozen parameters get no gradient, optimizer "
+                     "state or reduction")
     for hw in hardware:
-        target = Target(arch, hw, usable_bytes(hw, request.margin), request.prices.get(hw.accelerator.name))
+        target = Target(arch, hw, usable_bytes(hw, request.margin), request.prices.get(hw.accelerator.name),
+                        tuning)
         try:
             found = search(target, batch, request.fixed, board)
         except SpecError as exc:  # one target of several: the others may take the batch and the fixed knobs
@@ -103,7 +110,7 @@ def plan(request: PlanRequest) -> PlanResult:
         ranked = sorted(closest, key=lambda p: p.memory_per_device_bytes)[:request.top]
         largest = {hw.accelerator.name: hw for hw in hardware}  # each type's largest target (listed ascending)
         for hw in largest.values():
-            advice += what_would_fit(arch, hw, batch, request.fixed, usable_bytes(hw, request.margin))
+            advice += what_would_fit(arch, hw, batch, request.fixed, usable_bytes(hw, request.margin), tuning)
     return PlanResult(workload=name, global_batch_size=batch, tokens_per_step=batch * arch.seq_len,
                       objective=objective, plans=ranked, fits=fits, what_would_fit=advice, notes=notes,
                       considered=considered, timed=timed, seconds=time.perf_counter() - t0)
@@ -117,9 +124,10 @@ class Target:
     hw: HardwareSpec
     usable: int  # bytes per device a plan may take
     price: float | None  # USD per device-hour
+    tuning: Tuning | None = None  # a fine-tune's frozen parts and adapters (advisor/plan/tuning.py)
 
     def memory(self, config: PlanConfig) -> DeviceMemory:
-        return device_memory(self.arch, self.hw, config, self.usable, peak_ranks(config.layout()))
+        return device_memory(self.arch, self.hw, config, self.usable, peak_ranks(config.layout()), self.tuning)
 
     def plan(self, config: PlanConfig, mem: DeviceMemory | None = None) -> Plan:
         """`config`'s plan: its step predicted (advisor/plan/steptime.py), and its memory (`mem`, else a
@@ -131,7 +139,7 @@ class Target:
         step = predict_step(self.arch, hw, config.layout(), micro_batch_size=config.micro_batch_size,
                             grad_accum=config.grad_accum, precision=config.precision,
                             checkpointing=config.checkpointing, optimizer=config.optimizer,
-                            offload_optimizer=config.offload == Offload.optimizer)
+                            offload_optimizer=config.offload == Offload.optimizer, tuning=self.tuning)
         tokens, seconds = config.global_batch * self.arch.seq_len, step.step_time_s
         peak = peak_flops(hw, config.precision)
         cost = None if self.price is None else self.price * hw.world_size * seconds / 3600 / tokens * 1e6
@@ -152,7 +160,7 @@ def search(target: Target, global_batch: int, fixed: FixedKnobs, board: Board, k
     found = Found()
     offloads = [fixed.offload] if fixed.offload is not None else [Offload.none, Offload.optimizer]
     modes = [fixed.checkpointing] if fixed.checkpointing is not None else list(CHECKPOINTING)
-    fams = list(families(target.arch, target.hw, global_batch, fixed, why))
+    fams = list(families(target.arch, target.hw, global_batch, fixed, why, dp_only=target.tuning is not None))
     if not fams:
         raise SpecError(why.first or f"no configuration on {_label(target.hw)} satisfies the held knobs "
                         f"{' '.join(f'{k}={v}' for k, v in fixed.given().items())}")
@@ -178,7 +186,7 @@ def _grow(target: Target, fam: Family, modes: list, offload: Offload, board: Boa
     once the board is full, the step is timed first (it costs a fraction of the memory's walk through the
     schedule), and a size whose least recompute cannot enter the board is passed over (more recompute is slower)."""
     least = fam.config(fam.sizes[0], modes[-1], offload)
-    floor = held_bytes(target.arch, target.hw, least)
+    floor = held_bytes(target.arch, target.hw, least, target.tuning)
     if floor > target.usable:
         found.hopeless.append((floor, least))
         return
@@ -215,17 +223,49 @@ def default_global_batch(arch: DecoderArch) -> int:
     return 1 << (samples.bit_length() - 1)
 
 
+def resolve(request: PlanRequest) -> tuple[DecoderArch, str, Tuning | None]:
+    """The decoder's shape, its name (with +lora or +freeze, as advisor.finetune.finetuned names it) and its
+    fine-tune as the analytic model counts it (None: full training). SpecError, one line, for a fine-tune the
+    decoder cannot take, or with a layout knob held above 1 (its trial runs data parallel only)."""
+    from advisor.finetune import finetune_of, with_finetune
+    from advisor.plan.tuning import tuning_of
+
+    spec = request.finetune or finetune_of(request.workload_args)
+    base = request.model_copy(update={"workload_args": with_finetune(request.workload_args, None)})
+    arch, name, model_type = _resolve(base)
+    tuning = tuning_of(spec, arch, model_type, name)
+    if tuning is None:
+        return arch, name, None
+    held = {k: v for k in LAYOUT_KNOBS if (v := getattr(request.fixed, k)) not in (None, 1)}
+    if held:
+        knob, value = next(iter(held.items()))
+        raise SpecError(f"{knob}={value} with a fine-tune: its trial runs the fine-tuned model on one device or data "
+                        f"parallel (ddp, zero1, zero2, zero3), not with {', '.join(LAYOUT_KNOBS)} above 1; hold "
+                        f"{knob} at 1 or leave it free")
+    return arch, name + ("+lora" if spec.lora is not None else "+freeze"), tuning
+
+
 def resolve_arch(request: PlanRequest) -> tuple[DecoderArch, str]:
     """The decoder's shape and name: `arch`, a preset built here, or a workload file described in a worker."""
+    arch, name, _ = _resolve(request)
+    return arch, name
+
+
+def _resolve(request: PlanRequest) -> tuple[DecoderArch, str, str | None]:
+    """resolve_arch's, with the Hugging Face model type of an hf: config (its module names), else None."""
+    model_type = None
     if request.arch is not None:
-        return request.arch, "decoder"
+        return request.arch, "decoder", None
     spec = request.workload
     if spec.startswith("hf:"):  # a config read as data, built by transformers' own classes: no user code
+        import inspect
+
         from advisor.presets.hf import hf_decoder_arch
         from advisor.workload import load_workload
 
         wl = load_workload(spec, request.workload_args)
         arch, name = hf_decoder_arch(wl), wl.name
+        model_type = getattr(getattr(inspect.unwrap(wl.build_model), "config", None), "model_type", None)
     elif ":" in spec:  # the user's code runs in an isolated worker
         from advisor.isolation import describe
 
@@ -240,7 +280,7 @@ def resolve_arch(request: PlanRequest) -> tuple[DecoderArch, str]:
         raise SpecError(f"{spec} is not a decoder; the planner covers decoder models: the gpt2-*, llama-* and "
                         "decoder presets (-w decoder -a layers=... -a hidden=...), and hf: causal LMs of the llama, "
                         "mistral, qwen2, qwen3, gpt2 and gpt_neox families")
-    return arch, name
+    return arch, name, model_type
 
 
 def targets(request: PlanRequest) -> list[HardwareSpec]:

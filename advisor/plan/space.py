@@ -52,11 +52,13 @@ class Family:
 
 
 def families(arch: DecoderArch, hw: HardwareSpec, global_batch: int, fixed: FixedKnobs,
-             why: Rejections, frugal: bool = False) -> Iterator[Family]:
+             why: Rejections, frugal: bool = False, dp_only: bool = False) -> Iterator[Family]:
     """Every family of configurations of `arch` on `hw` at `global_batch` samples per step that `fixed` admits.
-    `frugal`: only the least memory of each mesh (ZeRO-3 where the strategy is free, 1F1B), for a fit check."""
+    `frugal`: only the least memory of each mesh (ZeRO-3 where the strategy is free, 1F1B), for a fit check;
+    `dp_only`: data parallel alone (tp, cp, pp 1, no HSDP), the layouts a fine-tune's trial runs."""
     world = hw.world_size
-    for tp, cp, pp in _meshes(arch, hw, fixed, why):
+    meshes = [(1, 1, 1)] if dp_only else _meshes(arch, hw, fixed, why)
+    for tp, cp, pp in meshes:
         dp = world // (tp * cp * pp)
         if global_batch % dp:
             why.add(f"global batch {global_batch} does not split over dp {dp} (tp {tp} x cp {cp} x pp {pp} on "
@@ -66,6 +68,8 @@ def families(arch: DecoderArch, hw: HardwareSpec, global_batch: int, fixed: Fixe
             continue
         sp = tp > 1 and (arch.seq_len // cp) % tp == 0 if fixed.sequence_parallel is None else fixed.sequence_parallel
         for strategy, replicate in _strategies(hw, dp, tp, cp, pp, fixed, frugal):
+            if dp_only and replicate > 1:
+                continue
             for schedule, virtual in _schedules(arch, pp, fixed, frugal, why):
                 base = PlanConfig(dp=dp, tp=tp, pp=pp, cp=cp, dp_replicate=replicate, strategy=strategy,
                                   schedule=schedule, virtual_stages=virtual, microbatches=global_batch // dp,

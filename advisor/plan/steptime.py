@@ -17,6 +17,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy
+from advisor.estimate.parallel_tuned import Tuning
 from advisor.hardware.spec import HardwareSpec
 from advisor.parallel.layout import Layout
 from advisor.plan.collectives import Group, group, seconds
@@ -69,16 +70,17 @@ class StepTime(BaseModel):
 
 def predict_step(arch: DecoderArch, hw: HardwareSpec, layout: Layout, *, micro_batch_size: int, grad_accum: int,
                  precision: Precision, checkpointing: Checkpointing, optimizer: OptimizerKind,
-                 offload_optimizer: bool = False) -> StepTime:
+                 offload_optimizer: bool = False, tuning: Tuning | None = None) -> StepTime:
     """One optimizer step of `arch` under `layout` on `hw`: each data-parallel replica runs `micro_batch_size`
     samples per micro-batch, layout.n_microbatches of them through the pipeline under pp, each `grad_accum`
-    times, else `grad_accum` accumulated micro-batches. The slowest pipeline rank's time. Raises ValueError where
-    the hardware has no peak for the precision."""
+    times, else `grad_accum` accumulated micro-batches. The slowest pipeline rank's time. `tuning`: a fine-tune
+    (frozen weights get no weight gradient and no reduction, blocks no gradient reaches run no backward, the
+    optimizer steps the trained parameters). Raises ValueError where the hardware has no peak for the precision."""
     checkpointing = Checkpointing(checkpointing)
     rates = device_rates(hw, precision)
     groups = mesh_groups(hw, layout)
     ranks = [_rank_step(arch, hw, layout, p, rates, groups, micro_batch_size, grad_accum, precision, checkpointing,
-                        optimizer, offload_optimizer) for p in range(layout.pp)]
+                        optimizer, offload_optimizer, tuning) for p in range(layout.pp)]
     return max(ranks, key=lambda r: r.step_time_s)
 
 
@@ -105,16 +107,21 @@ def mesh_groups(hw: HardwareSpec, layout: Layout) -> dict[str, Group]:
 
 def _rank_step(arch: DecoderArch, hw: HardwareSpec, layout: Layout, pp_rank: int, rates: DeviceRates,
                groups: dict[str, Group], micro: int, grad_accum: int, precision: Precision,
-               checkpointing: Checkpointing, optimizer: OptimizerKind, offload: bool) -> StepTime:
+               checkpointing: Checkpointing, optimizer: OptimizerKind, offload: bool,
+               tuning: Tuning | None = None) -> StepTime:
     """Pipeline rank `pp_rank`'s step."""
-    from advisor.estimate.parallel_analytic import _dims, _stage, _stage_indices
-    from advisor.estimate.parallel_comm import comm_by_dim
+    from advisor.estimate.parallel_analytic import _dims, _stage, _stage_indices, layout_comm
 
-    d = _dims(arch, layout, micro, precision, gloo=hw.device_type == "cpu")
-    stages = [_stage(arch, layout, d, s, checkpointing) for s in _stage_indices(layout, pp_rank)]
+    d = _dims(arch, layout, micro, precision, hw.device_type == "cpu", tuning)
+    indices = _stage_indices(layout, pp_rank)
+    stages = [_stage(arch, layout, d, s, checkpointing, tuning) for s in indices]
     m = (layout.n_microbatches if layout.pp > 1 else 1) * grad_accum
-    fwd, bwd, attention, flops = _micro_batch(arch, layout, stages, rates, d, micro, checkpointing)
-    comm = comm_by_dim(arch, layout, d, stages, pp_rank, checkpointing, grad_accum)
+    if tuning is None:
+        fwd, bwd, attention, flops = _micro_batch(arch, layout, stages, rates, d, micro, checkpointing)
+    else:
+        fwd, bwd, attention, flops = _tuned_micro_batch(arch, layout, indices, rates, d, micro, checkpointing,
+                                                        tuning)
+    comm = layout_comm(arch, layout, d, stages, pp_rank, checkpointing, grad_accum)
     layers = sum(st.layers for st in stages)
     tp = _priced(comm.get("tp", {}), groups["tp"], m * (8 * layers + 2))  # 2 gathers, 2 reductions a layer, each way
     cp = _priced(comm.get("cp", {}), groups["cp"], m * layers * 3 * (layout.cp - 1))  # k, v and their gradients
@@ -126,7 +133,7 @@ def _rank_step(arch: DecoderArch, hw: HardwareSpec, layout: Layout, pp_rank: int
     bubble = (layout.pp - 1) / layout.virtual_stages * (compute + exposed) / m * grad_accum if layout.pp > 1 else 0.
     dp, dp_exposed = _data_parallel(comm, layout, groups, compute, bwd, sum(len(st.units) for st in stages))
     elements = sum(sum(a * b for a, b in u) for st in stages for u in st.units)
-    opt = _optimizer_s(elements, layout, optimizer, d.r, rates, offload)
+    opt = _optimizer_s(elements, layout, optimizer, d.pw, rates, offload)
     breakdown = StepBreakdown(compute_s=compute, exposed_comm_s=exposed + dp_exposed, bubble_s=bubble,
                               optimizer_s=opt, comm_s={k: v for k, v in (("tp", tp), ("cp", cp), ("pp", pp),
                                                                          ("dp", dp)) if v})
@@ -150,6 +157,39 @@ def _micro_batch(arch: DecoderArch, layout: Layout, stages: list, rates: DeviceR
         head, head_flops = head_s(arch, rates, tokens=micro * d.T, tp=layout.tp, elt=d.c)
         fwd, bwd, flops = fwd + head / 3, bwd + 2 * head / 3, flops + head_flops
     return fwd, bwd, work.attention_s, flops
+
+
+def _tuned_micro_batch(arch: DecoderArch, layout: Layout, indices: list[int], rates: DeviceRates, d, micro: int,
+                       checkpointing: Checkpointing, tuning: Tuning) -> tuple[float, float, float, float]:
+    """_micro_batch's figures for a fine-tune: each block's products with its frozen weights and adapters; a block
+    no gradient reaches (nothing before it or in it trains) runs its forward only."""
+    from advisor.estimate.parallel_tuned import _flows_into, layer_saved
+
+    kw = dict(tokens=micro * d.T, kv_tokens=arch.seq_len, tp=layout.tp, sp=d.s != d.T, elt=d.c, residual_elt=d.r)
+    sizes = layout.split(arch.layers)
+    fwd = bwd = flops = attention = 0.0
+    works: dict[tuple, object] = {}
+    for index in indices:
+        start = sum(sizes[:index])
+        flows = _flows_into(arch, d, tuning, start)
+        for layer in range(start, start + sizes[index]):
+            key = (tuning.frozen[layer], tuning.layer_adapters(layer))
+            if key not in works:
+                works[key] = layer_work(arch, rates, frozen=key[0], adapters=key[1], r=tuning.r, **kw)
+            work = works[key]
+            live = flows or layer_saved(arch, d, tuning, layer, flows)[1]
+            flows = live
+            again = {Checkpointing.full: work.forward_s, Checkpointing.selective: work.attention_s}.get(
+                checkpointing, 0.0)
+            fwd, attention = fwd + work.forward_s, work.attention_s
+            bwd += (work.backward_s + again) * live
+            flops += work.step_flops if live else work.matmul_flops + work.attention_flops
+        if index == layout.stages - 1:
+            head, head_flops = head_s(arch, rates, tokens=micro * d.T, tp=layout.tp, elt=d.c,
+                                      frozen="output" in tuning.frozen_root,
+                                      adapter_r=tuning.r * tuning.head_adapter)
+            fwd, bwd, flops = fwd + head / 3, bwd + 2 * head / 3, flops + head_flops
+    return fwd, bwd, attention, flops
 
 
 def _priced(kinds: dict[str, int], g: Group, calls: int) -> float:

@@ -198,6 +198,21 @@ except advisor.errors.SpecError as exc:
     assert proc.stdout.strip() == "hf: workloads need the hf extra: pip install 'advisor[hf]'"
 
 
+def test_recommend_plans_a_config_and_its_lora_fine_tune_data_parallel(configs, sqlite_url):
+    """On eight GPUs recommend answers an hf: causal LM, and a LoRA fine-tune of it, from the planner, data parallel
+    (the trial's tensor and pipeline plans know the advisor's decoder's modules, not the config's)."""
+    from advisor.finetune import FineTune, LoraSpec, with_finetune
+    from advisor.recommend import recommend
+
+    spec = f"hf:{configs['llama']}"
+    lora = with_finetune({"seq_len": 128}, FineTune(lora=LoraSpec(r=4, targets=("q_proj", "v_proj"))))
+    for args in ({"seq_len": 128}, lora):
+        (rec,) = recommend(spec, "h100-sxm:8", workload_args=args, db=sqlite_url)
+        c = rec.config
+        assert rec.provenance == "planned" and rec.fits and c.nproc == 8, rec.reason
+        assert (c.tp, c.pp, c.cp) == (1, 1, 1), rec.reason
+
+
 def test_the_api_plans_a_config(configs, sqlite_url, tmp_path):
     """POST /v1/plan over the app takes an hf: workload under ADVISOR_HF_CONFIG_DIRS (the planner reads it in its
     worker); a hub name, a path outside those folders (a symbolic link out of one included) and any hf: path on a

@@ -4,12 +4,9 @@ Large models plan on the analytic path; each test asserts what would fail if the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from plan_cli import advisor
 
 from advisor.config import Checkpointing, OptimizerKind, Precision, Strategy
 from advisor.estimate.model import EstimateRequest
@@ -22,7 +19,6 @@ from advisor.plan.search import PlanRequest, plan
 from advisor.plan.steptime import predict_step
 from advisor.presets import get_preset
 
-ROOT = Path(__file__).resolve().parents[2]
 PLAN_KEYS = {"config", "memory_per_device_bytes", "fits", "step_time_s", "tokens_per_s_per_device", "samples_per_s",
              "breakdown"}
 
@@ -119,13 +115,6 @@ def test_a_price_ranks_by_cost():
     p = result.plans[0]
     assert costs[0] == pytest.approx(3.0 * 8 * p.step_time_s / 3600 / (512 * 2048) * 1e6)
 
-
-def advisor(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "advisor.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
 
 
 @pytest.mark.parametrize("args,says", [
