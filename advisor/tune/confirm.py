@@ -66,10 +66,4 @@ def next_repeat(records: list[TrialRecord], metric: str) -> TrainingConfig | Non
     return by_config[pick][-1].config
 
 
-def repeats_taken(records: list[TrialRecord]) -> int:
-    """Trials of the study that measured a configuration it had measured ok before."""
-    return sum(1 for r in records if r.attempt > 1 and any(
-        o.config_hash == r.config_hash and o.attempt < r.attempt and o.status == RecordStatus.ok for o in records))
-
-
-__all__ = ["CONTENDER_BAND", "MAX_MEASUREMENTS", "mean_value", "measured", "next_repeat", "repeats_taken", "spread"]
+__all__ = ["CONTENDER_BAND", "MAX_MEASUREMENTS", "mean_value", "measured", "next_repeat", "spread"]
