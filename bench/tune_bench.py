@@ -126,7 +126,8 @@ def measure_grid(key: str, space: Path, n: int, with_baseline: bool, db: str, re
     values, configs = _grid_values(db, [p["study_id"] for p in passes], passes[0]["metric"])
     means = {h: statistics.fmean(v) for h, v in values.items()}
     best_hash = max(means, key=means.get)
-    spread = [abs(v[0] - v[1]) / statistics.fmean(v[:2]) for v in values.values() if len(v) >= 2 and v[0] + v[1]]
+    # each configuration's range over its passes, relative to its mean
+    spread = [(max(v) - min(v)) / statistics.fmean(v) for v in values.values() if len(v) >= 2 and sum(v)]
     first = passes[0]
     base = first["baseline_hash"]
     return {**{k: first[k] for k in ("study", "statuses", "wall_s", "trial_s", "overhead", "metric")},
@@ -211,7 +212,8 @@ def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
     ex, unit = p["exhaustive"], "tokens/s" if p["exhaustive"]["metric"] == "tokens_per_s" else "samples/s"
     overhead = f"{ex['overhead']:.0%}" if ex["overhead"] is not None else "n/a"
     spread, repeats = ex.get("spread"), p.get("repeats", 1)
-    noise = (f" The passes differ by {spread['median']:.1%} (median over configurations), {spread['max']:.1%} at most;"
+    noise = (f" The passes span {spread['median']:.1%} of a configuration's mean (median over configurations), "
+             f"{spread['max']:.1%} at most;"
              " a configuration's value is its mean." if spread else "")
     lines = [f"### {TITLES[key]} on {p.get('machine', '').split(',')[0]}: {p['workload']} "
              f"{json.dumps(p['workload_args'])}", "",
@@ -288,7 +290,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the small grids and 2 seeds (a validation run)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per sampler (default 5; 2 with --quick)")
-    ap.add_argument("--repeats", type=int, default=None, help="passes over each grid (default 2; 1 with --quick)")
+    ap.add_argument("--repeats", type=int, default=None, help="passes over each grid (default 3; 1 with --quick)")
     ap.add_argument("--presets", default=",".join(PRESETS), help=f"comma-separated: {', '.join(PRESETS)}")
     ap.add_argument("--keep-grids", action="store_true",
                     help="keep the store and the grids an earlier run measured (rerun the samplers only); "
@@ -299,7 +301,9 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown preset(s) {', '.join(unknown)}; presets: {', '.join(PRESETS)}")
     seeds = args.seeds or (2 if args.quick else 5)
-    repeats = args.repeats or (1 if args.quick else 2)
+    # two runs of one configuration differ by 8-18% (median) on a 2-vCPU VM: three passes rank a grid's top
+    # (bench/results/tune-intel-amx.json, its grids' spread)
+    repeats = args.repeats or (1 if args.quick else 3)
     # Ray's socket paths live under the data dir and must stay short; set before advisor loads its settings
     data_dir = tempfile.mkdtemp(prefix="advb-", dir="/tmp")
     os.environ["ADVISOR_DATA_DIR"] = data_dir

@@ -9,9 +9,10 @@ for the trained projections and adapters reading it, and the FFN's last input on
 needs it; a frozen RMSNorm keeps no normalised x (h fp32). Where nothing before a block trains (frozen embeddings
 and blocks), its input needs no gradient and its ops keep nothing until something trains. Each adapter keeps its
 input (its own cast under autocast: peft casts the input to the adapter's fp32 and autocast back; under dropout
-its mask, 1 byte, and its output), and A's r-wide output for B's gradient. Under bf16 the frozen embedding's
-output is bf16 (advisor.finetune.hold_frozen), so the residual stream is too; autocast still runs the norms in
-fp32, so each trained projection keeps its own bf16 cast of a norm's output.
+its output, and its mask where the input needs a gradient: 1 byte on CUDA, the scaled noise in the adapter's
+dtype on a CPU), and A's r-wide output for B's gradient. Under bf16 the frozen embedding's output is bf16
+(advisor.finetune.hold_frozen), so the residual stream is too; autocast still runs the norms in fp32, so each
+trained projection keeps its own bf16 cast of a norm's output.
 """
 
 from __future__ import annotations
@@ -199,37 +200,39 @@ def layer_saved(arch: DecoderArch, d: RankDims, tuning: Tuning, layer: int, flow
     normed = flows or trains("attn_norm")
     attn_sites = [s for s in sites if s[0] in ATTENTION_INPUT]
     out += _inputs(d, tokens, h, _normed(d, trains("attn_norm")), sum(map(trains, ATTENTION_INPUT)),
-                   len(attn_sites), tuning.dropout, False)
+                   len(attn_sites), tuning.dropout, False, grad=normed)
     qkv = normed or grows(ATTENTION_INPUT)
     if qkv:  # q, k, v into attention, its output and fp32 logsumexp, as parallel_analytic._layer_saved counts them
         kv = arch.kv_heads * (h // arch.heads) // t
         qkvo = 4 * h // t if not d.ring else 2 * h // t + 2 * kv
         out += tokens * (qkvo * d.c + arch.heads // t * F32)
     wo_sites = sum(s[0] == "wo" for s in sites)
-    out += _inputs(d, tokens, h // t, d.c, trains("wo") * (not qkv), wo_sites, tuning.dropout, kept=qkv)
+    out += _inputs(d, tokens, h // t, d.c, trains("wo") * (not qkv), wo_sites, tuning.dropout, kept=qkv, grad=qkv)
     mixed = flows or qkv or grows(("wo",))
     out += _norm(arch, d, local, mixed, trains("ffn_norm"))
     first_roles, last_role = (("w1", "w3"), "w2") if arch.gated_ffn else (("fc",), "proj")
     ffn_sites = [s for s in sites if s[0] in first_roles]
     out += _inputs(d, tokens, h, _normed(d, trains("ffn_norm")), sum(map(trains, first_roles)), len(ffn_sites),
-                   tuning.dropout, False)
+                   tuning.dropout, False, grad=mixed or trains("ffn_norm"))
     inner = mixed or trains("ffn_norm") or grows(first_roles)
     # SwiGLU keeps silu's input, its output and w3's output; GELU its input; the product (the activation) only
     # where the last matrix's weight or an adapter reads it
     out += tokens * (3 if arch.gated_ffn else 1) * f * d.c * inner
     last_sites = sum(s[0] == last_role for s in sites)
     out += tokens * f * d.c * trains(last_role)
-    out += _inputs(d, tokens, f, d.c, 0, last_sites, tuning.dropout, kept=trains(last_role))
+    out += _inputs(d, tokens, f, d.c, 0, last_sites, tuning.dropout, kept=trains(last_role), grad=inner)
     out += len(sites) * tokens * tuning.r * d.c  # each adapter's A output, B's input
     return out, mixed or inner or grows((last_role,))
 
 
 def _inputs(d: RankDims, tokens: int, width: int, elt: int, linears: int, adapters: int, dropout: bool,
-            kept: bool) -> int:
+            kept: bool, grad: bool) -> int:
     """Bytes kept of one input tensor (`width` features of `elt` bytes) read by `linears` trained Linears and
     `adapters` LoRA adapters; `kept`: the tensor itself is kept already. Under autocast each Linear keeps its own
     cast of an input in another dtype; an adapter keeps its own cast where its weights are not in the compute
-    dtype; otherwise they share the tensor. Dropout keeps each adapter's mask (1 byte) and output."""
+    dtype; otherwise they share the tensor. Dropout keeps each adapter's output, and its mask where the input
+    needs a gradient (`grad`): CUDA's fused dropout a 1-byte mask, a CPU's the noise it scales by, in the
+    adapter's dtype (peft casts its input to it)."""
     read = tokens * width * (d.c if d.autocast else elt)
     own = d.autocast and elt != d.c
     out = linears * read if own else read * (linears > 0)
@@ -241,7 +244,7 @@ def _inputs(d: RankDims, tokens: int, width: int, elt: int, linears: int, adapte
             out += tokens * width * elt
         elif not shared:
             out, shared = out + read, True
-        out += tokens * width * dropout
+        out += tokens * width * (dropout and grad) * (d.pw if d.gloo else 1)
     return out
 
 
@@ -273,7 +276,7 @@ def head_saved(arch: DecoderArch, d: RankDims, tuning: Tuning, flows: bool) -> i
     trains = "output" not in tuning.frozen_root
     out = _norm(arch, d, local, flows, "norm" not in tuning.frozen_root)
     out += _inputs(d, tokens, arch.hidden, _normed(d, "norm" not in tuning.frozen_root), int(trains),
-                   int(tuning.head_adapter), tuning.dropout, False)
+                   int(tuning.head_adapter), tuning.dropout, False, grad=flows or "norm" not in tuning.frozen_root)
     out += tokens * tuning.r * d.c * tuning.head_adapter
     return out + tokens * arch.vocab * (F32 + (d.c if d.pp else 0))
 

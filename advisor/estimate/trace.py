@@ -17,6 +17,7 @@ from advisor.errors import EstimateError
 from advisor.estimate import scratch, scratch_cpu, scratch_cuda
 from advisor.estimate.autocast_cuda import cuda_policy
 from advisor.estimate.cuda_reduce import ReduceGpu, ReduceSpec
+from advisor.estimate.dropout_cuda import cuda_dropout
 from advisor.estimate.fake_build import (
     BuildReadsValues,
     build_batch,
@@ -188,16 +189,18 @@ def _new_tracker(precision: Precision, fake: bool, cpu_workspaces: bool, cuda_wo
 
 @contextlib.contextmanager
 def _run_contexts(tracker: Tracker, precision: Precision, device: str, fake: bool):
-    """What the traced run holds besides the fake and dispatch modes: CUDA autocast's op rules for a CUDA
-    target, and on fake tensors the conversions and unchecked distributions fake_build.py makes traceable."""
+    """What the traced run holds besides the fake and dispatch modes: CUDA autocast's op rules and CUDA's
+    dropout (dropout_cuda.py) for a CUDA target, and on fake tensors the conversions and unchecked
+    distributions fake_build.py makes traceable."""
     # the cuDNN LSTM probe hands _cudnn_rnn unflattened weights (scratch_cuda.cudnn_rnn_sizes): torch warns,
     # at the LSTM's own call, of a copy that a user's flattened module never makes
     quiet = warnings.catch_warnings() if tracker.cuda_workspaces else contextlib.nullcontext()
     policy = cuda_policy() if device == "cuda" and precision.autocast_dtype is not None \
         else contextlib.nullcontext()
+    dropout = cuda_dropout() if device == "cuda" else contextlib.nullcontext()
     conversions = fake_conversions() if fake else contextlib.nullcontext()
     unchecked = distribution_checks_off() if fake else contextlib.nullcontext()
-    with quiet, policy, conversions, unchecked:
+    with quiet, policy, dropout, conversions, unchecked:
         if tracker.cuda_workspaces:
             warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
         yield

@@ -252,7 +252,9 @@ def resolve_arch(request: PlanRequest) -> tuple[DecoderArch, str]:
 
 
 def _resolve(request: PlanRequest) -> tuple[DecoderArch, str, str | None]:
-    """resolve_arch's, with the Hugging Face model type of an hf: config (its module names), else None."""
+    """resolve_arch's, with the model type that names its modules (plan/tuning.py): an hf: config's, "advisor"
+    for a preset's decoder, None for a shape given as `arch` or a workload file's model (whose names the planner
+    cannot see)."""
     model_type = None
     if request.arch is not None:
         return request.arch, "decoder", None
@@ -275,7 +277,7 @@ def _resolve(request: PlanRequest) -> tuple[DecoderArch, str, str | None]:
         from advisor.workload import load_workload
 
         wl = load_workload(spec, request.workload_args)
-        arch, name = wl.decoder, wl.name
+        arch, name, model_type = wl.decoder, wl.name, "advisor"
     if arch is None:
         raise SpecError(f"{spec} is not a decoder; the planner covers decoder models: the gpt2-*, llama-* and "
                         "decoder presets (-w decoder -a layers=... -a hidden=...), and hf: causal LMs of the llama, "

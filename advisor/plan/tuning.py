@@ -5,8 +5,8 @@ Freeze patterns match whole qualified module names as `model.named_modules()` gi
 freezes everything under it: the advisor's decoder names its modules blocks.N.attn.wq, tok_embeddings, norm,
 output; a Hugging Face config's model has its family's names (model.layers.N.self_attn.q_proj, lm_head), and an
 hf: workload takes either. LoRA targets match as peft's target_modules do (a module whose name is the target or
-ends with "." and it), against the advisor's names and the Hugging Face names of the families whose blocks have
-the decoder's shape, so q_proj and wq both name the query projection.
+ends with "." and it), against the advisor's names and, for an hf: config, its family's, so q_proj and wq both
+name its query projection; a preset takes the advisor's names only, as its trial does.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ FAMILIES = {
     "gpt_neox": ("gpt_neox.layers", _NEOX, (("tok_embeddings", "gpt_neox.embed_in"),
                                             ("norm", "gpt_neox.final_layer_norm"), ("output", "embed_out")), False),
 }
-MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gpt2": "gpt2",
-               "gpt_neox": "gpt_neox"}
+MODEL_TYPES = {"advisor": "advisor", "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
+               "gpt2": "gpt2", "gpt_neox": "gpt_neox"}
 
 
 def leaves(arch: DecoderArch, family: str) -> list[Leaf]:
@@ -73,13 +73,14 @@ def leaves(arch: DecoderArch, family: str) -> list[Leaf]:
 def tuning_of(spec: FineTune | None, arch: DecoderArch, model_type: str | None = None,
               name: str = "the model") -> Tuning | None:
     """`spec` on `arch` as the analytic model counts it; None where `spec` is None or empty. `model_type`: a
-    Hugging Face config's (its family's names then name modules too). SpecError, one line, for a pattern that
-    matches no module, a LoRA target that names no Linear of the decoder, or a fine-tune that leaves nothing to
-    train."""
+    Hugging Face config's (its family's names then name modules too), "advisor" (a preset's model: the advisor's
+    names only, as its trial takes them), or None (a model whose names are not known: any family's of its
+    shape). SpecError, one line, for a pattern that matches no module, a LoRA target that names no Linear of the
+    decoder, or a fine-tune that leaves nothing to train."""
     if spec is None or spec.empty:
         return None
     family = MODEL_TYPES.get(model_type or "")
-    names = leaves(arch, "advisor") + (leaves(arch, family) if family else [])
+    names = leaves(arch, "advisor") + (leaves(arch, family) if family not in (None, "advisor") else [])
     frozen: list[set[str]] = [set() for _ in range(arch.layers)]
     root: set[str] = set() if arch.learned_positions else {"pos_embeddings"}  # absent: nothing of it trains
     for pattern in spec.freeze:
