@@ -442,7 +442,7 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
              num_samples=len(queued) + remaining * DUPLICATE_FACTOR)
         return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
                 "ray_trials": callback.count, "trial_s": budget.trial_s, "measured": len(budget.seen),
-                "confirmed": budget.repeats}
+                "confirmed": budget.repeats, "redrawn": search.redrawn}
     finally:
         search.close()
         callback.close()

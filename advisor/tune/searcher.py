@@ -20,6 +20,9 @@ from ray.tune.search import Searcher
 _FACTORIES: dict[int, Callable[[], Searcher]] = {}
 _CONFIRMS: dict[int, Any] = {}
 _KEYS = itertools.count()
+# Draws of the inner searcher per suggestion that may repeat a configuration whose result is known, each answered
+# at once; a sampler that keeps repeating itself past them gets its draw run (and the store answers it)
+MAX_REDRAWS = 64
 
 
 class QueueThenSearch(Searcher):
@@ -28,7 +31,11 @@ class QueueThenSearch(Searcher):
     With `confirm` (an object with `due()` and `pick()`), once `due()` holds and the inner searcher's trials in
     flight are in, each suggestion is `pick()`'s configuration to measure again (marked `repeat`) while it
     gives one; those never reach the inner searcher. Each trial reports once, so the inner searcher is told a
-    trial's result as it arrives: a budget that ends the experiment on that result loses none of it."""
+    trial's result as it arrives: a budget that ends the experiment on that result loses none of it.
+
+    A draw of a configuration whose result the experiment already has is told that result at once and the
+    inner searcher asked again (up to MAX_REDRAWS times a suggestion), so a sampler that repeats itself (TPE
+    on a small grid) spends no trial of the experiment on a repeat."""
 
     def __init__(self, queued: list[str], factory: Callable[[], Searcher], metric: Any, mode: Any,
                  confirm: Any = None) -> None:
@@ -36,8 +43,11 @@ class QueueThenSearch(Searcher):
         self._queued = list(queued)
         self._pending: set[str] = set()  # Ray trial ids of queued configurations still running
         self._repeats: set[str] = set()  # Ray trial ids measuring a configuration again
-        self._live: set[str] = set()  # Ray trial ids of the inner searcher's whose result is not in yet
+        self._live: dict[str, str] = {}  # Ray trial id -> the inner searcher's id, of those whose result is not in
         self._inner: Searcher | None = None
+        self._configs: dict[str, str] = {}  # Ray trial id -> its training_config (JSON)
+        self._known: dict[str, dict[str, Any]] = {}  # training_config (JSON) -> its reported result
+        self.redrawn = 0  # draws answered with a known result
         self._key = next(_KEYS)
         _FACTORIES[self._key] = factory
         if confirm is not None:
@@ -49,6 +59,7 @@ class QueueThenSearch(Searcher):
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if self._queued:
             self._pending.add(trial_id)
+            self._configs[trial_id] = self._queued[0]
             return {"training_config": self._queued.pop(0)}
         if self._pending:
             return None  # Ray asks again once a queued trial has finished
@@ -62,15 +73,31 @@ class QueueThenSearch(Searcher):
                 return {"training_config": again, "repeat": True}
         if self._inner is None:
             self._inner = _FACTORIES[self._key]()
-        suggested = self._inner.suggest(trial_id)
+        inner_id, suggested = self._draw(trial_id)
         if isinstance(suggested, dict):
-            self._live.add(trial_id)
+            self._live[trial_id] = inner_id
+            self._configs[trial_id] = suggested.get("training_config")
         return suggested
 
+    def _draw(self, trial_id: str) -> tuple[str, dict[str, Any] | None]:
+        """(the inner searcher's id for it, its suggestion) for Ray's `trial_id`, past the draws whose result is
+        known (class docstring)."""
+        for n in range(MAX_REDRAWS):
+            inner_id = trial_id if n == 0 else f"{trial_id}-redraw{n}"
+            suggested = self._inner.suggest(inner_id)
+            known = self._known.get(suggested.get("training_config")) if isinstance(suggested, dict) else None
+            if known is None or n == MAX_REDRAWS - 1:
+                return inner_id, suggested
+            self._inner.on_trial_complete(inner_id, result=known)
+            self.redrawn += 1
+        raise AssertionError("unreachable")  # the last draw returns
+
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        config = self._configs.get(trial_id)
+        if config is not None and not result.get("repeat"):
+            self._known.setdefault(config, result)
         if trial_id in self._live and self._inner is not None:
-            self._live.discard(trial_id)
-            self._inner.on_trial_complete(trial_id, result=result)
+            self._inner.on_trial_complete(self._live.pop(trial_id), result=result)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         if trial_id in self._pending:
@@ -78,8 +105,7 @@ class QueueThenSearch(Searcher):
         elif trial_id in self._repeats:
             self._repeats.discard(trial_id)
         elif trial_id in self._live and self._inner is not None:  # ended without reporting (its actor died)
-            self._live.discard(trial_id)
-            self._inner.on_trial_complete(trial_id, result=result, error=error)
+            self._inner.on_trial_complete(self._live.pop(trial_id), result=result, error=error)
 
     def close(self) -> None:
         """Forget the factory and the confirmer (call once the experiment is over)."""
@@ -90,7 +116,7 @@ class QueueThenSearch(Searcher):
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
             pickle.dump({"queued": self._queued, "pending": self._pending, "repeats": self._repeats,
-                         "live": self._live}, f)
+                         "live": self._live, "configs": self._configs, "known": self._known}, f)
         if self._inner is not None:
             self._inner.save(checkpoint_path + ".inner")
 
@@ -98,7 +124,8 @@ class QueueThenSearch(Searcher):
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
         self._queued, self._pending = state["queued"], state["pending"]
-        self._repeats, self._live = state.get("repeats", set()), state.get("live", set())
+        self._repeats, self._live = state.get("repeats", set()), state.get("live", {})
+        self._configs, self._known = state.get("configs", {}), state.get("known", {})
         if os.path.exists(checkpoint_path + ".inner"):
             self._inner = _FACTORIES[self._key]()
             self._inner.restore(checkpoint_path + ".inner")
