@@ -346,7 +346,7 @@ def _warm_up(stepper: _Stepper, req: ChildRequest, counter: Any,
         os.unlink(alloc_log)
     ops = None
     t = time.perf_counter()
-    with counter.mode() if counter is not None else nullcontext():
+    with counter.counting() if counter is not None else nullcontext():
         if req.count_ops and req.config.compile_mode == CompileMode.none:
             ops = _count_ops(stepper)
         else:

@@ -12,9 +12,10 @@ elements (h hidden, f ffn, H heads, t tp, s = 1/t under sequence parallel else 1
   attention: n_q h (norm out) + 4 h / t (q, k, v into SDPA, its output) + H / t fp32 (SDPA's logsumexp; not held
       under selective checkpointing, which recomputes SDPA: q, k, v stay as its inputs, the output as wo's)
   FFN: n_s h + 4 f / t (SwiGLU) or n_g h + 2 f / t (GELU)
-The last stage keeps the fp32 log-softmax of the whole vocabulary (the output layer gathers the logits on every tp
-rank), and under pp the logits too (a stage's output waits for its backward). ZeRO-2/3 are FSDP2 on the dp mesh:
-every parameter's dim 0 split into dp padded chunks, each block of a stage that holds two or more a unit.
+The last stage keeps the fp32 log-softmax of its vocab / tp slice of the logits (tensor.py keeps them sharded and
+loss_parallel computes the loss from the shards), and under pp the logits too (a stage's output waits for its
+backward). ZeRO-2/3 are FSDP2 on the dp mesh: every parameter's dim 0 split into dp padded chunks, each block of a
+stage that holds two or more a unit.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def _stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, checkpoin
         full -= d.b * d.T * arch.heads // d.t * F32
     per_layer = d.b * d.s * arch.hidden * d.r if checkpointed else full  # a checkpoint keeps the block's input
     recompute = full if checkpointed else 0  # a checkpointed block runs its forward again before its backward
-    gather, loss, head_bwd = _loss_extra(arch, d) if last else (0, 0, 0)
+    output, loss, head_bwd = _loss_extra(arch, d) if last else (0, 0, 0)
     embeddings = _embedding_rows(arch, first)
     rope = 0 if arch.learned_positions else 2 * d.T * (arch.hidden // arch.heads) * F32
     return StageFigures(
@@ -153,9 +154,9 @@ def _stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, checkpoin
         largest=max([a * b for a, b in block if b > 1] * (layers > 0) + [out_rows * arch.hidden * last]) * d.r,
         saved=layers * per_layer + _ends_saved(arch, d, first, last, checkpointed),
         per_layer=per_layer, first_block=per_layer * (layers > 0) + rope,
-        gather_extra=gather, loss_extra=loss, head_bwd=head_bwd,
+        output_extra=output, loss_extra=loss, head_bwd=head_bwd,
         block_bwd=(recompute + _block_backward(arch, d, True), recompute + _block_backward(arch, d, False)),
-        log_softmax=d.b * d.T * arch.vocab * F32 * last,
+        log_softmax=logits(arch, d) * F32 * last,
         head=_ends_saved(arch, d, False, True) - _ends_saved(arch, d, False, False) if last else 0,
         head_grad=out_rows * arch.hidden * d.r * last,
         embed_grad=sum(embeddings) * arch.hidden * d.r,
@@ -191,16 +192,16 @@ def _norm_keeps_input(arch: DecoderArch, d: RankDims) -> bool:
 
 def _ends_saved(arch: DecoderArch, d: RankDims, first: bool, last: bool, checkpointed: bool = False) -> int:
     """Bytes per micro-batch a stage saves beyond its blocks: RoPE's tables (each stage's forward makes them), the
-    head (final norm, the output layer's input, fp32 log-softmax, and under pp the logits waiting for backward), a
-    stage's output waiting for its backward (pp); less the input a later stage receives into a kept buffer where
-    the first block saves that tensor itself (`checkpointed`: its checkpoint does)."""
+    head (final norm, the output layer's input, the fp32 log-softmax of this rank's logits, and under pp the logits
+    waiting for backward), a stage's output waiting for its backward (pp); less the input a later stage receives
+    into a kept buffer where the first block saves that tensor itself (`checkpointed`: its checkpoint does)."""
     h, tokens, local = arch.hidden, d.b * d.T, d.b * d.s
     out = 0 if arch.learned_positions else 2 * d.T * (h // arch.heads) * F32
     if first and arch.learned_positions:
         out += d.T * 8  # the position ids the position embedding saves
     if last:
         out += local * _norm_saved(arch, d) + tokens * h * (d.c if d.autocast else d.r)
-        out += tokens * arch.vocab * (F32 + (d.c if d.pp else 0))
+        out += logits(arch, d) * (F32 + (d.c if d.pp else 0))
     elif d.pp:
         out += local * h * d.r
     if d.pp and not first and (checkpointed or _norm_keeps_input(arch, d)):
@@ -208,16 +209,22 @@ def _ends_saved(arch: DecoderArch, d: RankDims, first: bool, last: bool, checkpo
     return out
 
 
+def logits(arch: DecoderArch, d: RankDims) -> int:
+    """Elements of one micro-batch's logits on a rank: its vocab / tp of them (tp rank 0's larger share where tp
+    does not divide the vocabulary), the loss's log-softmax and their gradients alike."""
+    return d.b * d.T * -(-arch.vocab // d.t)
+
+
 def _loss_extra(arch: DecoderArch, d: RankDims) -> tuple[int, int, int]:
-    """Bytes beyond what the last stage saves: while the output layer gathers the logits (its vocabulary slice, the
-    gather's buffer and output), while the loss runs (the logits, their fp32 copy), and at the start of backward
-    (the fp32 gradients of the log-softmax's output and input)."""
-    logits = d.b * d.T * arch.vocab
-    counted = logits * (F32 + (d.c if d.pp else 0))  # in _ends_saved: log-softmax, logits under pp
-    shard = d.b * d.T * -(-arch.vocab // d.t)
-    gather = shard * d.c + shard * d.t * d.c + logits * d.c - counted if d.t > 1 else 0
-    loss = logits * (0 if d.pp else d.c) + logits * (F32 if d.c != F32 else 0)
-    return gather, loss, 2 * logits * F32
+    """Bytes beyond what the last stage saves (may be negative): as the output layer's forward ends (its logits; the
+    log-softmax, counted as saved, not made yet), while the loss runs (the logits, their fp32 copy; loss_parallel's
+    log-softmax also holds the shifted logits beside their exponentials), and at the start of backward (the fp32
+    gradients of the log-softmax's output and input; loss_parallel's fused backward holds a one-hot tensor, the
+    log-softmax's exponentials and their sum)."""
+    n = logits(arch, d)
+    counted = n * (F32 + (d.c if d.pp else 0))  # in _ends_saved: log-softmax, logits under pp
+    loss = n * (0 if d.pp else d.c) + n * (F32 if d.c != F32 else 0) + n * F32 * (d.t > 1)
+    return n * d.c - counted, loss, (3 if d.t > 1 else 2) * n * F32
 
 
 def _block_backward(arch: DecoderArch, d: RankDims, first: bool, weights: bool = True) -> int:
@@ -274,7 +281,6 @@ def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing
     attention's reduce-scatter (all-reduce without sequence parallel)."""
     bth = d.b * d.T * arch.hidden
     again = checkpointing == Checkpointing.full and st.layers >= 2  # selective recomputes SDPA alone: no collective
-    logits = d.b * d.T * d.t * -(-arch.vocab // d.t) * d.c
     sp = d.s != d.T
     out = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
     if sp:
@@ -285,9 +291,11 @@ def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing
     if st.first:  # the embeddings' vocabulary-parallel lookups are all-reduced; sp then keeps this rank's tokens
         out["all_reduce"] += bth * d.r + (d.T * arch.hidden * d.r if arch.learned_positions else 0)
         out["all_gather"] += bth * d.r if sp else 0
-    if st.last:  # the output layer's input gathered (sp), its logits gathered whole
-        out["all_gather"] += logits + (bth * d.r if sp else 0)
+    if st.last:  # the output layer's input gathered (sp); loss_parallel all-reduces each token's fp32 maximum, sum
+        # of exponentials and target logit (its backward communicates nothing)
+        out["all_gather"] += bth * d.r if sp else 0
         out["reduce_scatter" if sp else "all_reduce"] += bth * d.r
+        out["all_reduce"] += 3 * d.b * d.T * F32
     return out
 
 

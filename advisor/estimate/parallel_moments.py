@@ -1,9 +1,9 @@
 """The moments of one pipeline rank's training step at which its memory can peak, and its live bytes by part at each:
-the end of a micro-batch's forward (on the last stage, the logits' gather and the loss), the start of its backward,
-the output layer's and the stage's first blocks' backward, its end, and the optimizer step. The schedule's order of
-forwards and backwards (torch.distributed.pipelining) says how many micro-batches each moment holds and which
-gradients exist; FSDP2's gathers, prefetches and reduce-scatters say what is gathered. parallel_analytic.py counts
-the stage figures these moments add up.
+the end of a micro-batch's forward (on the last stage, the output layer's logits and the loss), the start of its
+backward, the output layer's and the stage's first blocks' backward, its end, and the optimizer step. The schedule's
+order of forwards and backwards (torch.distributed.pipelining) says how many micro-batches each moment holds and
+which gradients exist; FSDP2's gathers, prefetches and reduce-scatters say what is gathered. parallel_analytic.py
+counts the stage figures these moments add up.
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ class StageFigures:
     units: tuple[tuple[tuple[int, int], ...], ...]  # FSDP units: each block (where >= 2), then the rest (root)
     linear: int  # elements of Linear weights and biases, which autocast casts and caches
     saved: int  # bytes kept per micro-batch in flight
-    gather_extra: int  # bytes beyond `saved` while the output layer gathers the logits (inside the stage's forward)
+    output_extra: int  # bytes beyond `saved` as the output layer's forward ends (its logits; may be negative)
     loss_extra: int  # bytes beyond `saved` while the loss is computed (after the stage's forward)
     head_bwd: int  # bytes beyond `saved` as the loss's backward starts (last stage)
     block_bwd: tuple[int, int]  # bytes beyond `saved` early in a block's backward: the stage's first, the later ones
-    log_softmax: int  # bytes of the fp32 log-softmax a micro-batch keeps (last stage)
+    log_softmax: int  # bytes of the fp32 log-softmax of this rank's logits a micro-batch keeps (last stage)
     head: int  # bytes the final norm, the output layer and the loss keep per micro-batch (last stage)
     head_grad: int  # bytes of the output weight's gradient (last stage)
     embed_grad: int  # bytes of the embeddings' gradients, whole tables (first stage)
@@ -125,8 +125,8 @@ def _order(n: int, pp: int, schedule: PipelineSchedule, v: int, pp_rank: int) ->
 
 class RankMemory:
     """One rank's live bytes, by part, at each moment its peak can fall on: the end of each micro-batch's forward
-    (the logits' gather and the loss on the last stage), the start and end of each backward, and the optimizer
-    step."""
+    (the output layer's logits and the loss on the last stage), the start and end of each backward, and the
+    optimizer step."""
 
     def __init__(self, arch: DecoderArch, layout: Layout, d: RankDims, stages: list[StageFigures], pp_rank: int,
                  optimizer: OptimizerKind, impl: str | None, batch_size: int, checkpointing: Checkpointing,
@@ -250,8 +250,8 @@ class RankMemory:
                             self.copies * copies - freed)
 
     def _forward(self, i: int) -> list[dict[str, int]]:
-        """The end of a micro-batch's forward on the last stage: the logits' gather inside the output layer (FSDP:
-        the root unit gathered, one block's all-gather output still held), then the loss."""
+        """The end of a micro-batch's forward on the last stage: the output layer's logits (FSDP: the root unit
+        gathered, one block's all-gather output still held), then the loss."""
         st, out = self.stages[i], []
         self.inflight[i] += 1
         self.forwards[i] += 1
@@ -261,7 +261,7 @@ class RankMemory:
         if st.last:
             acts = self._acts()
             now = (self.units[i][-1] * self.zero3 + self._gather_buffer(i)) * self.fsdp
-            out = [self._now(acts, st.gather_extra, now), self._now(acts, st.loss_extra)]
+            out = [self._now(acts + st.output_extra, 0, now), self._now(acts, st.loss_extra)]
         return out
 
     def _backward(self, i: int) -> list[dict[str, int]]:

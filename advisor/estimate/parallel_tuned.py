@@ -94,6 +94,7 @@ def tuned_stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, chec
         _loss_extra,
         _norm_saved,
         _norm_shapes,
+        logits,
     )
 
     sizes = layout.split(arch.layers)
@@ -145,14 +146,14 @@ def tuned_stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, chec
         full.append(block)
     # the head's tensors as full training keeps them (parallel_analytic._ends_saved), replaced by the fine-tune's
     plain = (d.b * d.s * _norm_saved(arch, d) + d.b * d.T * h * (d.c if d.autocast else d.r)
-             + d.b * d.T * arch.vocab * (F32 + (d.c if d.pp else 0))) * last
+             + logits(arch, d) * (F32 + (d.c if d.pp else 0))) * last
     head = head_saved(arch, d, tuning, flows) if last else 0
     saved += _ends_saved(arch, d, first, last, checkpointed) - plain + head
     head -= (plain - (_ends_saved(arch, d, False, True) - _ends_saved(arch, d, False, False))) * last
     recompute = max(full, default=0) if checkpointed else 0
     ffn = ("w1", "w3", "w2") if arch.gated_ffn else ("fc", "proj")
     weights = any(x not in tuning.frozen[start + layers - 1] for x in ffn) if layers else False
-    gather, loss, head_bwd = _loss_extra(arch, d) if last else (0, 0, 0)
+    output, loss, head_bwd = _loss_extra(arch, d) if last else (0, 0, 0)
     embeddings = _embedding_rows(arch, first)
     tables = [(role, n) for role, n in zip(("tok_embeddings", "pos_embeddings"), embeddings)]
     embed_grad = sum(n for role, n in tables if role not in tuning.frozen_root) * h * d.pw
@@ -165,10 +166,10 @@ def tuned_stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, chec
         block_bytes=sum(a * b for a, b in trained[0]) * d.pw if trained else 0,
         largest=max([a * b for a, b in trained[0] if b > 1] * (layers > 0) + [rows * h * last], default=0) * d.pw,
         saved=saved, per_layer=per_layer, first_block=per_layer * (layers > 0) + rope,
-        gather_extra=gather, loss_extra=loss, head_bwd=head_bwd,
+        output_extra=output, loss_extra=loss, head_bwd=head_bwd,
         block_bwd=(recompute + _block_backward(arch, d, True, weights),
                    recompute + _block_backward(arch, d, False, weights)),
-        log_softmax=d.b * d.T * arch.vocab * F32 * last, head=head,
+        log_softmax=logits(arch, d) * F32 * last, head=head,
         head_grad=rows * h * d.pw * output_trains,
         embed_grad=embed_grad, grad_extra=embed_grad - local_tables * d.pw,
         buffers=layout.n_microbatches * d.b * d.s * h * d.r * ((not first) + (not last)) * d.pp)
@@ -272,13 +273,15 @@ def _normed(d: RankDims, trains: bool) -> int:
 def head_saved(arch: DecoderArch, d: RankDims, tuning: Tuning, flows: bool) -> int:
     """Bytes the final norm, the output layer (and its adapter) and the loss keep per micro-batch (the last
     stage's `head`)."""
+    from advisor.estimate.parallel_analytic import logits
+
     tokens, local = d.b * d.T, d.b * d.s
     trains = "output" not in tuning.frozen_root
     out = _norm(arch, d, local, flows, "norm" not in tuning.frozen_root)
     out += _inputs(d, tokens, arch.hidden, _normed(d, "norm" not in tuning.frozen_root), int(trains),
                    int(tuning.head_adapter), tuning.dropout, False, grad=flows or "norm" not in tuning.frozen_root)
     out += tokens * tuning.r * d.c * tuning.head_adapter
-    return out + tokens * arch.vocab * (F32 + (d.c if d.pp else 0))
+    return out + logits(arch, d) * (F32 + (d.c if d.pp else 0))  # this rank's vocab / tp of them
 
 
 def tuned_data_comm(layout: Layout, d: RankDims, stages: list[StageFigures], pp_rank: int,

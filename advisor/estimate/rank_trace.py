@@ -62,6 +62,7 @@ def trace_rank(workload: Workload, layout: Layout, rank: int, batch_size: int, *
 
     from advisor.parallel.comm import CommCounter, GlooStaging
     from advisor.parallel.program import make_mesh
+    from advisor.parallel.tensor import loss_ops_under
 
     if fake and dist.is_initialized():
         raise EstimateError("a rank's trace makes its own fake process group; this process is already in one")
@@ -74,7 +75,8 @@ def trace_rank(workload: Workload, layout: Layout, rank: int, batch_size: int, *
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world)
     try:
         mesh = make_mesh(layout, "cpu")
-        with fake_mode or contextlib.nullcontext(), _dispatch_mode(tracker), \
+        mode = _dispatch_mode(tracker)
+        with fake_mode or contextlib.nullcontext(), mode, loss_ops_under(mode), \
                 _run_contexts(tracker, precision, "cpu", fake), _resizes_tracked(tracker), _meshes_outside_modes(), \
                 static_pipeline(gloo) if fake else contextlib.nullcontext():
             program, sizes, comm = _run(workload, layout, rank, batch_size, tracker, fake_mode, mesh,

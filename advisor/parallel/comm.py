@@ -11,7 +11,8 @@ parallel's ring rotation is one that sends all of it to the next rank). Ring alg
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send", "recv", "broadcast", "all_to_all")
 
@@ -113,6 +114,16 @@ class CommCounter:
                 return func(*args, **(kwargs or {}))
 
         return Counting()
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        """`mode()` entered, and entered again inside DTensor's dispatch where loss_parallel computes a decoder's
+        loss from sharded logits (tensor.loss_ops_under), whose all-reduces it would not see otherwise."""
+        from advisor.parallel.tensor import loss_ops_under
+
+        mode = self.mode()
+        with mode, loss_ops_under(mode):
+            yield
 
     def per_step(self, steps: int) -> dict[str, int]:
         """Bytes per kind divided by `steps` (rounded), the kinds with none left out."""

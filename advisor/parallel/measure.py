@@ -158,7 +158,7 @@ def run_rank(req: RankMeasureRequest) -> RankMeasure:
     reserved = torch.cuda.max_memory_reserved() if cuda else None
     # collectives counted in a step of their own, after the measured ones: a dispatch mode changes how DTensor
     # dispatches (its Python path, not its C++ one), and so when some of its tensors are freed
-    with counter.mode():
+    with counter.counting():
         program.step(batch)
     dist.barrier()
     dist.destroy_process_group()

@@ -34,7 +34,8 @@ class DecoderStage(nn.Module):
         object.__setattr__(self, "_decoder", decoder)  # for embed/rope/head, not a submodule of the stage
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """First stage: token ids (B, T) in; else hidden states. Last stage: logits (B, T, V) out; else hidden."""
+        """First stage: token ids (B, T) in; else hidden states. Last stage: logits (B, T, V) out (under tp a
+        DTensor, each rank holding vocab / tp of them); else hidden."""
         dec = self._decoder
         if self.first:
             x = dec.embed(x)

@@ -52,21 +52,24 @@ def build_program(workload: Workload, layout: Layout, *, rank: int, device_type:
         return _pipeline_program(workload, layout, mesh, coords, device=device, device_type=device_type,
                                  precision=precision, optimizer=optimizer, optimizer_impl=optimizer_impl,
                                  checkpointing=checkpointing, batch_size=batch_size)
+    from advisor.parallel.tensor import local_loss, loss_context
     from advisor.training import prepare, train_step
 
+    sharded = vocab_parallel(workload, layout)
     model = _built_on_meta(workload)
     if model is not None:
-        _tensor_parallel(model, layout, mesh)
+        _tensor_parallel(model, layout, mesh, sharded)
         materialize(model, device)
         model.init_weights()
     else:
-        model = _tensor_parallel((build or workload.build)().to(device), layout, mesh)
+        model = _tensor_parallel((build or workload.build)().to(device), layout, mesh, sharded)
     shard = context_shard(layout, mesh, workload.decoder.seq_len) if layout.cp > 1 else None
     if shard is not None:
         from advisor.parallel.context import apply_context_parallel
 
         apply_context_parallel(model, shard)
-    ctx = prepare(model, workload.loss_fn, precision=precision, optimizer=optimizer, device_type=device_type,
+    loss_fn = local_loss(workload.loss_fn) if sharded else workload.loss_fn
+    ctx = prepare(model, loss_fn, precision=precision, optimizer=optimizer, device_type=device_type,
                   optimizer_impl=optimizer_impl, checkpointing=checkpointing,
                   wrap=lambda m: _data_parallel(m, layout, mesh, precision),
                   make_opt=lambda m: _make_optimizer(layout, mesh, optimizer, m, optimizer_impl))
@@ -79,7 +82,8 @@ def build_program(workload: Workload, layout: Layout, *, rank: int, device_type:
 
         if shard is not None:  # this rank's tokens of every sample, inputs and targets alike
             batch = tuple(shard.shard(t) for t in batch)
-        with gradient_sync(ctx.model, optimizer_step):
+        # loss_parallel's ops: train_step runs the loss and its backward
+        with gradient_sync(ctx.model, optimizer_step), loss_context(sharded):
             return train_step(ctx, batch, phase, loss_scale=loss_scale, step=optimizer_step, **kwargs)
 
     return RankProgram(layout=layout, coords=coords, model=ctx.model, optimizers=ctx.optimizers, step=step, mesh=mesh)
@@ -133,11 +137,18 @@ def _built_on_meta(workload: Workload) -> nn.Module | None:
     return model if callable(getattr(model, "init_weights", None)) else None
 
 
-def _tensor_parallel(module: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
+def vocab_parallel(workload: Workload, layout: Layout) -> bool:
+    """Whether the program keeps the logits sharded over tp's ranks and computes a vocabulary-parallel loss: a
+    decoder preset (its loss, token_cross_entropy, takes the shards) under tp > 1."""
+    return layout.tp > 1 and workload.decoder is not None
+
+
+def _tensor_parallel(module: nn.Module, layout: Layout, mesh: Any, loss_parallel: bool = False) -> nn.Module:
     from advisor.parallel.tensor import apply_tensor_parallel
 
     if layout.tp > 1:
-        apply_tensor_parallel(module, mesh["tp"], sequence_parallel=layout.sequence_parallel)
+        apply_tensor_parallel(module, mesh["tp"], sequence_parallel=layout.sequence_parallel,
+                              loss_parallel=loss_parallel)
     return module
 
 
@@ -145,8 +156,8 @@ def _data_parallel(module: nn.Module, layout: Layout, mesh: Any, precision: Prec
     """The data-parallel strategy over the dp x cp ranks, around the tensor-parallel module (torchtitan's order)."""
     import warnings
 
-    # FSDP2 warns of every root module that returns a view (the logits, after the output layer's gather): an
-    # in-place op on it would skip its backward hook, and the losses here make none
+    # FSDP2 warns of every root module that returns a view (the logits): an in-place op on it would skip its
+    # backward hook, and the losses here make none
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     if precision == Precision.bf16_pure:
         module.to(torch.bfloat16)  # FSDP2 and DDP size their buffers from the dtype at wrap time
@@ -213,6 +224,7 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
                       checkpointing: Checkpointing, batch_size: int) -> RankProgram:
     """Under pp: this rank's stages built from a meta-device decoder, sharded, scheduled."""
     from advisor.parallel.pipeline import build_stages, make_schedule
+    from advisor.parallel.tensor import local_loss, loss_context
     from advisor.presets._util import token_cross_entropy
     from advisor.training import apply_activation_checkpointing
 
@@ -225,8 +237,9 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
     with torch.device("meta"):
         decoder = workload.build_model()
     stages = build_stages(decoder, layout, coords["pp"])
+    sharded = vocab_parallel(workload, layout)
     for stage in stages:
-        _tensor_parallel(stage, layout, mesh)
+        _tensor_parallel(stage, layout, mesh, sharded)
         materialize(stage, device)
     decoder.init_weights()  # the meta-device layers of other ranks' stages cost nothing
     shard = context_shard(layout, mesh, arch.seq_len)
@@ -245,7 +258,8 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
                              microbatch=batch_size // layout.n_microbatches, seq_len=arch.seq_len // layout.cp,
                              hidden=arch.hidden,
                              vocab=arch.vocab, tp_shards=layout.tp if layout.sequence_parallel else 1,
-                             loss_fn=token_cross_entropy, hidden_dtype=dtype, logits_dtype=autocast or dtype)
+                             loss_fn=local_loss(token_cross_entropy) if sharded else token_cross_entropy,
+                             hidden_dtype=dtype, logits_dtype=autocast or dtype)
     model = nn.ModuleList(stages)
     opt = _make_optimizer(layout, mesh, optimizer, model, optimizer_impl)
     first, last = stages[0].first, stages[-1].last
@@ -259,8 +273,9 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
         phase = phase or (lambda _name: None)
         inputs, targets = (shard.shard(t) for t in batch) if shard is not None else batch
         phase("forward")  # forwards and backwards interleave by micro-batch: one phase for both
+        # the last stage's losses and their backwards run inside the schedule's step
         with torch.autocast(device_type, dtype=autocast) if autocast else contextlib.nullcontext(), \
-                pipeline_accumulation(schedule, loss_scale, sync=optimizer_step):
+                pipeline_accumulation(schedule, loss_scale, sync=optimizer_step), loss_context(sharded):
             args = (inputs.contiguous(),) if first else ()  # the stage was declared with contiguous ids
             schedule.step(*args, target=targets if last else None, return_outputs=False)
         if not optimizer_step:

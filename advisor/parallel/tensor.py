@@ -3,13 +3,16 @@
 Attention's q, k, v projections and the FFN's first matrices split column-wise (each rank holds heads/tp heads and
 ffn/tp of the inner width), the output projections row-wise; with sequence parallel the norms and residual stream
 between them hold seq_len/tp tokens per rank, gathered before each column-wise region and reduce-scattered after
-the row-wise one (Korthikanti et al. 2022). A model that is not a decoder gets its consecutive Linear pairs split
-column- then row-wise; what no plan covers is replicated.
+the row-wise one (Korthikanti et al. 2022). With a vocabulary-parallel loss the output layer's logits stay split
+over the vocabulary (each rank vocab/tp of them) and torch's `loss_parallel` computes the cross entropy from the
+shards, all-reducing per-token maxima and sums (Megatron-LM's and torchtitan's layout). A model that is not a
+decoder gets its consecutive Linear pairs split column- then row-wise; what no plan covers is replicated.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from torch import nn
@@ -27,12 +30,14 @@ def is_decoder(model: Any) -> bool:
     return bool(blocks) and all(hasattr(b, "attn") and hasattr(b, "ffn") and hasattr(b.attn, "wq") for b in blocks)
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool = True) -> nn.Module:
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool = True,
+                          loss_parallel: bool = False) -> nn.Module:
     """Shard `model` over the 1-D tensor-parallel `mesh` in place; returns it. Every parameter becomes a DTensor
-    on `mesh` (sharded or replicated), so one optimizer steps them all."""
+    on `mesh` (sharded or replicated), so one optimizer steps them all. `loss_parallel`: a decoder's logits leave
+    the output layer as a DTensor sharded over the vocabulary (its loss must run under `loss_context`)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    plan = decoder_plan(model, sequence_parallel) if is_decoder(model) else pair_plan(model)
+    plan = decoder_plan(model, sequence_parallel, loss_parallel) if is_decoder(model) else pair_plan(model)
     tied = _tied(model)
     parallelize_module(model, mesh, plan)
     if tied:  # parallelize_module distributed each module's copy of the tied weight apart; tie them again
@@ -46,8 +51,68 @@ def _tied(model: Any) -> bool:
     return emb is not None and out is not None and out.weight is emb.weight
 
 
-def decoder_plan(model: Any, sequence_parallel: bool) -> dict[str, Any]:
-    """parallelize_module's plan for a decoder (or a pipeline stage of one: the parts it holds)."""
+@contextlib.contextmanager
+def loss_context(enabled: bool) -> Iterator[None]:
+    """Where a step's loss and its backward run: under `loss_parallel()` (logits sharded over the vocabulary:
+    cross entropy from the shards), else as they are."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    if not enabled:
+        yield
+        return
+    context = loss_parallel()
+    context.__enter__()
+    try:
+        yield
+    finally:  # torch's context leaves its ops registered with DTensor where the body raises
+        context.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def loss_ops_under(mode: Any) -> Iterator[None]:
+    """While active, loss_parallel's computations on the local shards (torch.distributed.tensor.parallel.loss:
+    the log-softmax, the loss, their fused backward) run with the dispatch mode `mode` entered again. DTensor runs
+    them inside its own dispatch, where no mode above it sees them; so a rank's tracer or collective counter sees
+    what they allocate (the shifted logits, their exponentials, the gradient's terms) and communicate (the
+    all-reduces of each token's maximum, sum of exponentials and target logit), and not the global-shape fake
+    tensors DTensor's sharding propagation makes beside them."""
+    from torch.distributed.tensor.parallel import loss
+
+    names = ("_log_softmax", "_nll_loss_forward", "_nll_loss_and_log_softmax_backward")
+    kernels = {name: getattr(loss, name) for name in names}
+
+    def seen(kernel: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with mode:
+                return kernel(*args, **kwargs)
+
+        return run
+
+    for name, kernel in kernels.items():
+        setattr(loss, name, seen(kernel))
+    try:
+        yield
+    finally:
+        for name, kernel in kernels.items():
+            setattr(loss, name, kernel)
+
+
+def local_loss(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`loss_fn` whose loss, a DTensor where it comes from sharded logits (the same on every tp rank), is returned
+    as this rank's tensor: the step, its gradient scaler and a pipeline schedule see the plain scalar they see
+    without tensor parallel, and backward goes through the DTensor's graph."""
+    from torch.distributed.tensor import DTensor
+
+    def local(*args: Any, **kwargs: Any) -> Any:
+        loss = loss_fn(*args, **kwargs)
+        return loss.to_local() if isinstance(loss, DTensor) else loss
+
+    return local
+
+
+def decoder_plan(model: Any, sequence_parallel: bool, loss_parallel: bool = False) -> dict[str, Any]:
+    """parallelize_module's plan for a decoder (or a pipeline stage of one: the parts it holds); `loss_parallel`:
+    the logits stay sharded over the vocabulary, else they are gathered whole on every rank."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -86,8 +151,9 @@ def decoder_plan(model: Any, sequence_parallel: bool) -> dict[str, Any]:
     if getattr(model, "norm", None) is not None and sp:
         plan["norm"] = SequenceParallel()
     if getattr(model, "output", None) is not None:
-        # logits whole on every rank for the loss (a vocab-parallel loss would keep them sharded)
-        plan["output"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate())
+        logits = Shard(-1) if loss_parallel else Replicate()  # each rank's vocab/tp of them, or all
+        plan["output"] = ColwiseParallel(input_layouts=between, output_layouts=logits,
+                                         use_local_output=not loss_parallel)
     return plan
 
 

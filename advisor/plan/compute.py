@@ -113,10 +113,13 @@ def head_s(arch: DecoderArch, rates: DeviceRates, *, tokens: int, tp: int, elt: 
            adapter_r: int = 0) -> tuple[float, float]:
     """(seconds, FLOPs) of the output layer and the loss for one micro-batch, forward and backward: the
     vocabulary-parallel product, three products in all (two where its weight is frozen), and the fp32 log-softmax
-    read and written twice; a LoRA adapter of rank `adapter_r` adds its two products, three times each."""
+    of the rank's vocab / tp logits: the fused kernels read and write it twice; under tp, loss_parallel's
+    elementwise ops pass over it 16 times (the maximum, the shifted logits, their exponentials and sum, the
+    subtraction; backward's one-hot, exponentials, their sum and its product with the loss's gradient); a LoRA
+    adapter of rank `adapter_r` adds its two products, three times each."""
     vocab = -(-arch.vocab // tp)
     mm = matmul_s(tokens, arch.hidden, vocab, rates, elt)
-    softmax = 4 * tokens * vocab * 4 / rates.bandwidth
+    softmax = (16 if tp > 1 else 4) * tokens * vocab * 4 / rates.bandwidth
     products = 2 if frozen else 3
     seconds, flops = products * mm + softmax, 2.0 * products * tokens * arch.hidden * vocab
     if adapter_r:

@@ -123,7 +123,9 @@ def _rank_step(arch: DecoderArch, hw: HardwareSpec, layout: Layout, pp_rank: int
                                                         tuning)
     comm = layout_comm(arch, layout, d, stages, pp_rank, checkpointing, grad_accum)
     layers = sum(st.layers for st in stages)
-    tp = _priced(comm.get("tp", {}), groups["tp"], m * (8 * layers + 2))  # 2 gathers, 2 reductions a layer, each way
+    # 2 gathers, 2 reductions a layer, each way; the last stage's loss adds three small all-reduces
+    last = any(st.last for st in stages)
+    tp = _priced(comm.get("tp", {}), groups["tp"], m * (8 * layers + 2 + 3 * last))
     cp = _priced(comm.get("cp", {}), groups["cp"], m * layers * 3 * (layout.cp - 1))  # k, v and their gradients
     sends = {"send": comm.get("pp", {}).get("send", 0)}  # a send and its matching receive share the link
     pp = _priced(sends, groups["pp"], m * sum((not st.first) + (not st.last) for st in stages))

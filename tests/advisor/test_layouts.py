@@ -67,6 +67,22 @@ def test_ring_attention_over_gloo_ranks_is_causal_attention_of_the_whole_sequenc
     assert len(errors) == 2 * 4 and max(errors) < 1e-5, errors  # out, dq, dk, dv on each of 2 ranks, fp32
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_tensor_parallel_keeps_the_logits_sharded_and_its_loss_is_the_whole_decoders(world: int) -> None:
+    """On gloo ranks each tp rank's logits hold vocab / 2 of the vocabulary, and loss_parallel's loss and the gradients
+    the step applies are the decoder's built whole from the same weights and batch: with and without sequence
+    parallel, a tied output, checkpointing and accumulation (2 ranks); under pp, cp and FSDP2 (4 ranks)."""
+    proc = subprocess.run([sys.executable, "-m", "tests.advisor.loss_parallel_ranks", str(world)], capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert len(rows) == world * (5 if world == 2 else 3), proc.stdout
+    for name, width, error, drift in rows:
+        assert int(width) in (-1, SHAPE["vocab"] // 2) and float(error) < 1e-5 and float(drift) < 1e-5, name
+    assert sum(int(width) > 0 for _, width, _, _ in rows) >= world  # sharded logits seen on every rank
+    assert sum(float(error) >= 0 for _, _, error, _ in rows) >= world  # losses compared on every rank
+
+
 def test_context_parallel_splits_the_activations_and_holds_the_parameters_once_per_dp_rank() -> None:
     whole = estimate_layout("decoder", "cpu:2", Layout(dp=2, strategy="zero3"), EstimateRequest(batch_size=BATCH),
                             workload_args=SHAPE).ranks[0]

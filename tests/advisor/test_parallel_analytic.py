@@ -90,6 +90,25 @@ def test_analytic_rank_counts_selective_checkpointing(shape: str, layout: str, p
     assert plain_analytic - analytic > 0 and abs((plain_analytic - analytic) - (plain_traced - traced)) <= 4
 
 
+def test_tp_ranks_keep_their_share_of_the_logits_and_all_reduce_the_losss_terms() -> None:
+    """Under tp the logits stay sharded and loss_parallel computes the loss: a wider vocabulary costs a tp 2 rank well
+    under what it costs one device (its log-softmax and their gradients are of vocab / 2 logits), and its only
+    collectives without sequence parallel are all-reduces (nothing gathers the logits), as counted and as traced."""
+    def grown(layout: Layout) -> tuple[int, int]:
+        peaks = []
+        for vocab in (2048, 4096):
+            wl = get_preset("decoder")(**{**SHAPES["llama"], "vocab": vocab})
+            rt = trace_rank(wl, layout, 0, BATCH, precision=Precision.fp32, optimizer=OptimizerKind.sgd)
+            parts, comm = analytic_rank(wl.decoder, layout, 0, BATCH, precision=Precision.fp32,
+                                        optimizer=OptimizerKind.sgd, device_type="cpu")
+            assert comm == rt.comm_bytes and set(comm) <= {"all_reduce"}
+            peaks.append((peak_breakdown(rt.trace.curve)[0], sum(parts.values())))
+        return peaks[1][0] - peaks[0][0], peaks[1][1] - peaks[0][1]
+
+    (one, one_analytic), (tp, tp_analytic) = grown(Layout()), grown(Layout(tp=2, sequence_parallel=False))
+    assert tp < 0.7 * one and abs(tp_analytic - tp) <= TOLERANCE * tp and abs(one_analytic - one) <= TOLERANCE * one
+
+
 def test_schedules_hold_the_micro_batches_their_order_keeps_in_flight() -> None:
     """Under 1F1B the first stage holds pp micro-batches at its peak, the last one; GPipe holds all of them."""
     arch = get_preset("decoder")(**{**SHAPES["llama"], "layers": 8}).decoder
