@@ -82,15 +82,15 @@ class QueueThenSearch(Searcher):
     def _draw(self, trial_id: str) -> tuple[str, dict[str, Any] | None]:
         """(the inner searcher's id for it, its suggestion) for Ray's `trial_id`, past the draws whose result is
         known (class docstring)."""
-        for n in range(MAX_REDRAWS):
-            inner_id = trial_id if n == 0 else f"{trial_id}-redraw{n}"
-            suggested = self._inner.suggest(inner_id)
-            known = self._known.get(suggested.get("training_config")) if isinstance(suggested, dict) else None
-            if known is None or n == MAX_REDRAWS - 1:
-                return inner_id, suggested
+        inner_id, n = trial_id, 0
+        suggested = self._inner.suggest(inner_id)
+        while n < MAX_REDRAWS - 1 and isinstance(suggested, dict) and \
+                (known := self._known.get(suggested.get("training_config"))) is not None:
             self._inner.on_trial_complete(inner_id, result=known)
-            self.redrawn += 1
-        raise AssertionError("unreachable")  # the last draw returns
+            self.redrawn, n = self.redrawn + 1, n + 1
+            inner_id = f"{trial_id}-redraw{n}"
+            suggested = self._inner.suggest(inner_id)
+        return inner_id, suggested
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         config = self._configs.get(trial_id)
