@@ -163,7 +163,7 @@ def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: 
                                      fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
         options = EstimateOptions(calibrate=False, compile_mode=config.compile_mode.value, exact_largest=False)
         return isolation.estimate(workload, hw, request, options, workload_args=wargs, timeout_s=timeout_s,
-                                  memory_cap_bytes=memory_cap_bytes)
+                                  memory_cap_bytes=memory_cap_bytes, reuse=True)
 
     return _or_why("estimate", made)
 

@@ -125,7 +125,8 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
     options = EstimateOptions(calibrate=False, margin=margin, compile_mode=config.compile_mode.value,
                               exact_largest=False)
     try:
-        est = isolation.estimate(workload, target, request, options, workload_args=workload_args, timeout_s=timeout_s)
+        est = isolation.estimate(workload, target, request, options, workload_args=workload_args, timeout_s=timeout_s,
+                                 reuse=True)  # the trial's runner asks for the same estimate next
     except (EstimateError, TrialError, WorkloadFailed) as exc:  # TrialError: the real-step fallback failed too
         return Feasibility(launch=True, reason=f"no estimate ({exc}); launching to measure")
     sharing = config.nproc if hardware.device_type == "cpu" else 1

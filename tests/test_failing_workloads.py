@@ -190,6 +190,6 @@ def test_tune_of_a_workload_that_cannot_load_fails_fast_without_a_study(data_dir
     assert len(lines) == 1 and lines[0].startswith("advisor tune: ") and says in lines[0], proc.stderr[-3000:]
     if mode == "hog":
         assert "past the memory cap of 1,431 MiB" in lines[0], lines
-    # loading the workload comes first: no store, no study, no Ray
+    # Ray starts beside the loading and goes with it: no store, no study, no Ray left
     assert not (data_dir / "advisor.db").exists() and not (data_dir / "ray").exists(), list(data_dir.iterdir())
     assert wall < 30, wall

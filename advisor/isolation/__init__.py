@@ -7,6 +7,10 @@ code in the caller's own process, and is estimated there.
 
 from __future__ import annotations
 
+import collections
+import json
+import os
+import threading
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 if TYPE_CHECKING:
@@ -36,18 +40,55 @@ def run_isolated(fn: Callable[..., T], *args: Any, spec: str, what: str, stage: 
                                          memory_cap_bytes=cap, **kwargs)
 
 
+# A preset's estimates without calibration runs, by their inputs, for callers that reuse them: a trial's runner
+# asks again for the estimate the tuner's feasibility check just made (half a second a trace); least recently used
+# dropped
+_ESTIMATES: collections.OrderedDict[tuple, "MemoryEstimate"] = collections.OrderedDict()
+_ESTIMATES_LOCK = threading.Lock()
+ESTIMATES_KEPT = 256
+
+
 def estimate(workload: "str | Workload", hardware: "HardwareSpec | str", request: "EstimateRequest | None" = None,
              options: "EstimateOptions | None" = None, *, workload_args: dict[str, Any] | None = None,
              timeout_s: float | None = None, memory_cap_bytes: int | None = None,
-             pool: WorkerPool | None = None) -> "MemoryEstimate":
-    """advisor.estimate.estimate_memory, isolated where `workload` is a name (see the module docstring)."""
+             pool: WorkerPool | None = None, reuse: bool = False) -> "MemoryEstimate":
+    """advisor.estimate.estimate_memory, isolated where `workload` is a name (see the module docstring). `reuse`:
+    a preset estimated without calibration (options.calibrate False) with the same inputs, settings, environment
+    and measured peaks as an earlier reusing call of this process gets that call's answer (a copy) untraced."""
     from advisor.estimate import estimate_memory
 
     if not isinstance(workload, str):
         return estimate_memory(workload, hardware, request, options, workload_args=workload_args)
-    return run_isolated(estimate_memory, workload, hardware, request, options, workload_args=workload_args,
-                        spec=workload, what="the estimate", stage=f"loading {workload}", timeout_s=timeout_s,
-                        memory_cap_bytes=memory_cap_bytes, pool=pool)
+    key = _estimate_key(workload, hardware, request, options, workload_args) if reuse else None
+    with _ESTIMATES_LOCK:
+        if key is not None and key in _ESTIMATES:
+            _ESTIMATES.move_to_end(key)
+            return _ESTIMATES[key].model_copy(deep=True)
+    answer = run_isolated(estimate_memory, workload, hardware, request, options, workload_args=workload_args,
+                          spec=workload, what="the estimate", stage=f"loading {workload}", timeout_s=timeout_s,
+                          memory_cap_bytes=memory_cap_bytes, pool=pool)
+    if key is not None:
+        with _ESTIMATES_LOCK:
+            _ESTIMATES[key] = answer.model_copy(deep=True)
+            while len(_ESTIMATES) > ESTIMATES_KEPT:
+                _ESTIMATES.popitem(last=False)
+    return answer
+
+
+def _estimate_key(workload: str, hardware: "HardwareSpec | str", request: "EstimateRequest | None",
+                  options: "EstimateOptions | None", workload_args: dict[str, Any] | None) -> tuple | None:
+    """What an uncalibrated estimate of a preset depends on, or None where it may change between calls: code from
+    outside the advisor (a file or module, which may be edited), calibration runs (whose cache grows)."""
+    from advisor.hardware import get_hardware
+    from advisor.peaks import default_peaks
+    from advisor.settings import get_settings
+
+    if ":" in workload or options is None or options.calibrate is not False:
+        return None
+    return (workload, json.dumps(workload_args or {}, sort_keys=True, default=str),
+            (get_hardware(hardware) if isinstance(hardware, str) else hardware).model_dump_json(),
+            request.model_dump_json() if request is not None else None, options.model_dump_json(),
+            get_settings().model_dump_json(), default_peaks().version(), tuple(sorted(os.environ.items())))
 
 
 def estimate_layout(workload: str, hardware: "HardwareSpec | str", layout: Any,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -55,10 +56,30 @@ def hardware_fingerprint(hw: "HardwareSpec") -> str:
 
 
 def software_versions() -> dict[str, str | None]:
-    """torch, Python and CUDA versions (CUDA None on a CPU build of torch)."""
-    import torch
+    """torch, Python and CUDA versions (CUDA None on a CPU build of torch), as torch.__version__ and
+    torch.version.cuda give them."""
+    torch = _torch_version()
+    return {"torch": torch.__version__, "python": platform.python_version(), "cuda": torch.cuda}
 
-    return {"torch": torch.__version__, "python": platform.python_version(), "cuda": torch.version.cuda}
+
+def _torch_version() -> Any:
+    """torch's `version` module. Read from its file where torch is not imported yet: importing torch costs a
+    second, and a process that only keys results by it (the tuner's driver) need not."""
+    import importlib.util
+    import sys
+
+    if "torch" in sys.modules:
+        return sys.modules["torch"].version
+    spec = importlib.util.find_spec("torch")
+    path = Path(next(iter(spec.submodule_search_locations or []), "")) / "version.py" if spec else None
+    if path is None or not path.is_file():
+        import torch  # an unusual installation: let torch say
+
+        return torch.version
+    loaded = importlib.util.spec_from_file_location("_advisor_torch_version", path)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    return module
 
 
 def software_fingerprint(versions: dict[str, str | None] | None = None) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -283,27 +285,29 @@ def _ray_env() -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
 
 
-def _ray_init(req: TuneRequest) -> bool:
-    """Start a local Ray (temp dir under the data dir) or join --ray-address; True if we started it."""
+def _ray_init(req: TuneRequest) -> tuple[bool, Path | None]:
+    """Start a local Ray (temp dir under the data dir) or join --ray-address: (True if we started it, its temp
+    dir where this call made it)."""
     _ray_env()
     import ray
 
     from advisor.settings import get_settings
 
     if ray.is_initialized():
-        return False
+        return False, None
     env = {k: v for k, v in os.environ.items() if k.startswith("ADVISOR_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     common = dict(log_to_driver=False, configure_logging=False)
     if req.ray_address:  # a cluster's workers get our settings and working dir through a runtime env
         ray.init(address=req.ray_address, runtime_env={"env_vars": env}, **common)
-        return True
+        return True, None
     temp = get_settings().data_dir / "ray"
     if len(str(temp)) > RAY_TEMP_MAX:  # Ray's socket paths under it must stay within AF_UNIX's 107 bytes
         import tempfile
 
         temp = Path(tempfile.mkdtemp(prefix="advisor-ray-"))
         log.warning("data dir path too long for Ray's sockets; Ray's temp dir is %s", temp)
+    made = None if temp.exists() else temp
     temp.mkdir(parents=True, exist_ok=True)
     # A local Ray's workers inherit this environment (the raylet starts with it), so they need no runtime
     # env: one would start a fresh worker for the first trial (seconds) where a prestarted one can serve.
@@ -316,7 +320,7 @@ def _ray_init(req: TuneRequest) -> bool:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = saved
-    return True
+    return True, made
 
 
 def _resources(hw) -> Callable[[dict[str, Any]], dict[str, float]]:
@@ -378,18 +382,32 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
              on_study: Callable[[Any], None] | None = None) -> TuneSummary:
     """Tune `req.workload` on `req.hardware`; see the module docstring. Returns the study's summary.
     `on_result(result, done, total)` after each trial; `on_study(StudyRecord)` once the study is open."""
-    from advisor.store import config_hash, open_store
+    from advisor.store import config_hash
     from advisor.tune.seeds import planner_seeds
 
     t0 = time.monotonic()
     req = req.absolute()
-    wl, hw, space, context, base = _prepare(req)  # first: a workload that cannot load leaves no store behind
-    store = open_store(req.db)
-    objective = _objective(req, bool(wl.tokens_per_sample))
-    study, ctx = _open_study(req, store, wl, hw, space, objective)
+    _check_target(req)  # a wrong hardware, space or fix is told before anything starts
+    # Ray starts here while a thread loads the workload in its isolated worker and opens the store (seconds
+    # each, mostly other processes' imports); a workload that cannot load leaves no store, study or Ray behind
+    opening = _Opening(req)
+    started, made = False, None
+    try:
+        started, made = _ray_init(req)
+        import advisor.tune.ray_hooks  # noqa: F401 - Ray Tune's import (a second), beside the opening
+        import advisor.tune.searcher  # noqa: F401
+        wl, hw, space, context, base, store, study, ctx = opening.result()
+    except BaseException:
+        if started:
+            import ray
+
+            ray.shutdown()
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     if on_study is not None:
         on_study(study)
-    # before Ray starts (seconds): a killed run's trial in flight is marked before anything could finish it
+    # before the experiment starts: a killed run's trial in flight is marked before anything could finish it
     interrupted = store.mark_interrupted(study.id)
     retries = [r.config for r in store.retries_due(study.id)]
     records = store.study_trials(study.id)
@@ -402,18 +420,59 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
              if config_hash(c) not in done][:max(0, remaining - len(queued))]
     queued += seeds
     stats = {"interrupted": interrupted, "retried": len(retries), "resumed_from": len(done), "planned": len(seeds)}
-    if remaining:
-        stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result))
+    try:
+        if remaining:
+            stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result))
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
     store.finish_study(study.id)
     return summarize_study(store, study.id, base, ctx, stats, time.monotonic() - t0)
 
 
+def _check_target(req: TuneRequest) -> None:
+    """SpecError for a hardware, space or fix the run cannot take (the cheap checks of `_prepare`)."""
+    from advisor.hardware import get_hardware
+    from search_spaces import apply_fixes, load_space
+
+    get_hardware(req.hardware)
+    apply_fixes(load_space(req.space), req.fixes)
+
+
+class _Opening:
+    """`_prepare`, then the store and the study opened, in a thread of their own; `result()` waits for them and
+    raises what they raised. A daemon thread: a run stopped meanwhile (SIGTERM) does not wait on the workload."""
+
+    def __init__(self, req: TuneRequest) -> None:
+        self._req, self._out, self._error = req, None, None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="advisor-tune-open")
+        self._thread.start()
+
+    def _run(self) -> None:
+        from advisor.store import open_store
+
+        try:
+            wl, hw, space, context, base = _prepare(self._req)
+            store = open_store(self._req.db)
+            study, ctx = _open_study(self._req, store, wl, hw, space, _objective(self._req, bool(wl.tokens_per_sample)))
+            self._out = (wl, hw, space, context, base, store, study, ctx)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            self._error = exc
+
+    def result(self):  # noqa: ANN201 - the tuple _run builds
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._out
+
+
 def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining, on_result) -> dict[str, Any]:
-    """One Ray Tune experiment: the queued configurations (baseline, retries) first, then OptunaSearch over
-    the space, one Ray trial per suggestion, until the budget is spent. One experiment keeps one Ray actor
-    (reuse_actors), and with it one fork server and one isolation worker, from the first trial to the last.
-    `target` is (space, context, baseline)."""
-    _ray_env()
+    """One Ray Tune experiment (Ray started by the caller): the queued configurations (baseline, retries) first,
+    then OptunaSearch over the space, one Ray trial per suggestion, until the budget is spent. One experiment
+    keeps one Ray actor (reuse_actors), and with it one fork server and one isolation worker, from the first
+    trial to the last. `target` is (space, context, baseline)."""
     from advisor.tune.ray_hooks import ProgressCallback
     from advisor.tune.searcher import QueueThenSearch
 
@@ -421,7 +480,6 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
     _quiet_optuna()
     storage = _optuna_storage(ctx.db_url)
     _fail_stale(storage, study.optuna_study_name)
-    started = _ray_init(req)
     budget = _Budget(remaining, req.patience)
     # leaders are measured again in the budget's last trials, not in a run that resumes with fewer left
     confirm = _Confirm(budget, min(req.resolved_confirm(), max(0, remaining - len(queued) - 1)), store, study.id,
@@ -446,10 +504,6 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
     finally:
         search.close()
         callback.close()
-        if started:
-            import ray
-
-            ray.shutdown()
 
 
 def _optuna_search(req: TuneRequest, space, context, ctx: StudyContext, study, storage):

@@ -241,6 +241,33 @@ def test_the_workers_stages_reach_the_callers_listener(make_pool):
     assert "tracing tiny-mlp at batch 8" in seen, seen
 
 
+def test_a_reusing_estimate_of_a_preset_answers_again_untraced_until_an_input_changes(make_pool, monkeypatch):
+    pool = make_pool()
+    isolation._ESTIMATES.clear()  # what earlier tests of this process kept
+    request, options = EstimateRequest(batch_size=5), EstimateOptions(calibrate=False)
+    seen: list[str] = []
+
+    def traces(**kw) -> int:
+        before = len(seen)
+        kw = {"workload": "tiny-mlp", "request": request, "options": options, **kw}
+        isolation.estimate(kw.pop("workload"), "cpu", kw.pop("request"), kw.pop("options"), pool=pool, **kw)
+        return sum(s.startswith("tracing") for s in seen[before:])
+
+    with listening(seen.append):
+        assert traces(reuse=True) == 1
+        first = isolation.estimate("tiny-mlp", "cpu", request, options, pool=pool, reuse=True)
+        again = isolation.estimate("tiny-mlp", "cpu", request, options, pool=pool, reuse=True)
+        assert again == first and again is not first
+        assert traces(reuse=True) == 0  # the same inputs: the earlier answer
+        assert traces() == 1  # a caller that does not reuse: traced again
+        assert traces(reuse=True, request=EstimateRequest(batch_size=7)) == 1  # another batch
+        assert traces(reuse=True, options=EstimateOptions(calibrate=False, margin=0.2)) == 1  # another margin
+        monkeypatch.setenv("ADVISOR_ISOLATION_TEST_MARK", "another environment")
+        assert traces(reuse=True) == 1
+        assert traces(reuse=True, workload=FAILING, workload_args={"mode": "ok"}) == 1
+        assert traces(reuse=True, workload=FAILING, workload_args={"mode": "ok"}) == 1  # a file's code may change
+
+
 def test_a_fork_server_outlives_the_thread_that_started_it():
     """A pool's first caller (an API request's thread, a warm-up thread) may end long before the process does."""
     box: dict[str, ForkServer] = {}

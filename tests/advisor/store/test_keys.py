@@ -40,6 +40,12 @@ def test_hardware_and_software_fingerprints():
     assert software_versions()["torch"] == torch.__version__
     assert software_fingerprint() == software_fingerprint(software_versions())
     assert software_fingerprint() != software_fingerprint({**software_versions(), "torch": "0.0.1"})
+    # a process that has not imported torch keys results as one that has, and is not made to import it
+    code = ("import sys; from advisor.store import software_versions as v; before = v(); "
+            "print('torch' in sys.modules); import torch; print(before == v() == "
+            "{'torch': torch.__version__, 'python': v()['python'], 'cuda': torch.version.cuda})")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
 
 
 def test_database_url_default_and_postgres_spelling(tmp_path, monkeypatch):
