@@ -396,7 +396,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
         started, made = _ray_init(req)
         import advisor.tune.ray_hooks  # noqa: F401 - Ray Tune's import (a second), beside the opening
         import advisor.tune.searcher  # noqa: F401
-        wl, hw, space, context, base, store, study, ctx = opening.result()
+        wl, hw, space, context, base, store, study, ctx, interrupted = opening.result()
     except BaseException:
         if started:
             import ray
@@ -407,8 +407,6 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
         raise
     if on_study is not None:
         on_study(study)
-    # before the experiment starts: a killed run's trial in flight is marked before anything could finish it
-    interrupted = store.mark_interrupted(study.id)
     retries = [r.config for r in store.retries_due(study.id)]
     records = store.study_trials(study.id)
     finished = [r for r in records if r.status not in (RecordStatus.running, RecordStatus.interrupted)]
@@ -442,8 +440,9 @@ def _check_target(req: TuneRequest) -> None:
 
 
 class _Opening:
-    """`_prepare`, then the store and the study opened, in a thread of their own; `result()` waits for them and
-    raises what they raised. A daemon thread: a run stopped meanwhile (SIGTERM) does not wait on the workload."""
+    """`_prepare`, then the store and the study opened and a killed run's trials in flight marked interrupted, in a
+    thread of their own; `result()` waits for them and raises what they raised. A daemon thread: a run stopped
+    meanwhile (SIGTERM) does not wait on the workload."""
 
     def __init__(self, req: TuneRequest) -> None:
         self._req, self._out, self._error = req, None, None
@@ -457,7 +456,10 @@ class _Opening:
             wl, hw, space, context, base = _prepare(self._req)
             store = open_store(self._req.db)
             study, ctx = _open_study(self._req, store, wl, hw, space, _objective(self._req, bool(wl.tokens_per_sample)))
-            self._out = (wl, hw, space, context, base, store, study, ctx)
+            # at once, not once Ray is up: a killed run's trial in flight is marked before its orphaned actor
+            # (Ray notices its driver's death within seconds) could finish it
+            interrupted = store.mark_interrupted(study.id)
+            self._out = (wl, hw, space, context, base, store, study, ctx, interrupted)
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             self._error = exc
 

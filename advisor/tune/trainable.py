@@ -83,6 +83,18 @@ def _oom_block(store, ctx: StudyContext, config: TrainingConfig) -> str | None:
     return frontier.blocks(config)
 
 
+class TunerGone(Exception):
+    """The tuner whose trial this is ended while it was measured (killed): its claim is left running, for the next
+    run to mark interrupted and measure again. The measurement is not kept: whatever ended the tuner, or the next
+    run starting beside the trial, may have taken the CPU from it."""
+
+
+def _tuner_gone(ctx: StudyContext) -> bool:
+    from advisor.store.sql import owner_gone
+
+    return owner_gone(ctx.owner)  # known for a tuner on this host only
+
+
 def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRecord:
     """Prune by the OOM frontier and the estimate, else run the trial; store what happened."""
     from advisor.hardware import get_hardware
@@ -100,6 +112,8 @@ def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRe
     if not feas.launch:
         return store.prune_trial(claim, feas.reason, estimate=estimate, predicted_memory_bytes=feas.total_bytes)
     result = run_trial(req.workload, config, hardware=hw, workload_args=req.workload_args, budget=req.trial_budget)
+    if _tuner_gone(ctx):
+        raise TunerGone(f"the tuner {ctx.owner} that claimed this trial ended while it ran")
     rec = store.finish_trial(claim, result, estimate=estimate)
     if result.ok:
         store.update_best(ctx.workload_fp, ctx.hardware_fp, ctx.objective, rec.id)
@@ -134,6 +148,8 @@ def evaluate(ctx: StudyContext, config_json: str | None, *, repeat: bool = False
                 store.update_best(ctx.workload_fp, ctx.hardware_fp, ctx.objective, rec.id)
             return {**metrics_of(rec, ctx, reused=True), **marks}
         return {**metrics_of(_measure(store, ctx, claim, config), ctx, reused=False), **marks}
+    except TunerGone:
+        return _nothing(ctx, "interrupted")
     except Exception as exc:  # noqa: BLE001 - a bug of ours in one trial is that trial's error, not the study's end
         log.exception("trial failed inside the tuner")
         failed = TrialResult(status=TrialStatus.error, error=f"{type(exc).__name__}: {exc}",
