@@ -104,7 +104,19 @@ def _case(row: dict):
     return arch, hw, layout, knobs
 
 
+_PREDICTED: dict[str, dict] = {}
+
+
 def predict(row: dict) -> dict:
+    """The row's step time as predicted from its configuration (computed once a row: the plan-quality check asks
+    again for each model, GPU count and batch)."""
+    key = json.dumps(row, sort_keys=True)
+    if key not in _PREDICTED:
+        _PREDICTED[key] = _predict(row)
+    return _PREDICTED[key]
+
+
+def _predict(row: dict) -> dict:
     from advisor.config import OptimizerKind, Precision
     from advisor.estimate.roofline import peak_flops
     from advisor.plan.steptime import predict_step
@@ -310,7 +322,8 @@ def fit(rows: list[dict]) -> dict:
     for mm in [x / 100 for x in range(50, 86)]:
         for attn in [x / 100 for x in range(15, 71, 5)]:
             steptime.MATMUL_EFFICIENCY, steptime.ATTENTION_EFFICIENCY = mm, attn
-            err = statistics.median(abs(predict(r)["error"]) for r in rows)
+            # the efficiencies vary here: each prediction is made afresh, never predict's cached one
+            err = statistics.median(abs(_predict(r)["error"]) for r in rows)
             if best is None or err < best[0]:
                 best = (err, mm, attn)
     steptime.MATMUL_EFFICIENCY, steptime.ATTENTION_EFFICIENCY = best[1], best[2]

@@ -89,15 +89,10 @@ class TunerGone(Exception):
     run starting beside the trial, may have taken the CPU from it."""
 
 
-def _tuner_gone(ctx: StudyContext) -> bool:
-    from advisor.store.sql import owner_gone
-
-    return owner_gone(ctx.owner)  # known for a tuner on this host only
-
-
 def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRecord:
     """Prune by the OOM frontier and the estimate, else run the trial; store what happened."""
     from advisor.hardware import get_hardware
+    from advisor.store.sql import owner_gone
     from probes.runner import run_trial
     from search_spaces import feasibility
 
@@ -112,7 +107,7 @@ def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRe
     if not feas.launch:
         return store.prune_trial(claim, feas.reason, estimate=estimate, predicted_memory_bytes=feas.total_bytes)
     result = run_trial(req.workload, config, hardware=hw, workload_args=req.workload_args, budget=req.trial_budget)
-    if _tuner_gone(ctx):
+    if owner_gone(ctx.owner):  # known for a tuner on this host only
         raise TunerGone(f"the tuner {ctx.owner} that claimed this trial ended while it ran")
     rec = store.finish_trial(claim, result, estimate=estimate)
     if result.ok:

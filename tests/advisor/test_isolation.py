@@ -247,10 +247,10 @@ def test_a_reusing_estimate_of_a_preset_answers_again_untraced_until_an_input_ch
     request, options = EstimateRequest(batch_size=5), EstimateOptions(calibrate=False)
     seen: list[str] = []
 
-    def traces(**kw) -> int:
+    def traces(workload: str = "tiny-mlp", req: EstimateRequest = request, opts: EstimateOptions = options,
+               **kw) -> int:
         before = len(seen)
-        kw = {"workload": "tiny-mlp", "request": request, "options": options, **kw}
-        isolation.estimate(kw.pop("workload"), "cpu", kw.pop("request"), kw.pop("options"), pool=pool, **kw)
+        isolation.estimate(workload, "cpu", req, opts, pool=pool, **kw)
         return sum(s.startswith("tracing") for s in seen[before:])
 
     with listening(seen.append):
@@ -260,8 +260,8 @@ def test_a_reusing_estimate_of_a_preset_answers_again_untraced_until_an_input_ch
         assert again == first and again is not first
         assert traces(reuse=True) == 0  # the same inputs: the earlier answer
         assert traces() == 1  # a caller that does not reuse: traced again
-        assert traces(reuse=True, request=EstimateRequest(batch_size=7)) == 1  # another batch
-        assert traces(reuse=True, options=EstimateOptions(calibrate=False, margin=0.2)) == 1  # another margin
+        assert traces(reuse=True, req=EstimateRequest(batch_size=7)) == 1  # another batch
+        assert traces(reuse=True, opts=EstimateOptions(calibrate=False, margin=0.2)) == 1  # another margin
         monkeypatch.setenv("ADVISOR_ISOLATION_TEST_MARK", "another environment")
         assert traces(reuse=True) == 1
         assert traces(reuse=True, workload=FAILING, workload_args={"mode": "ok"}) == 1
