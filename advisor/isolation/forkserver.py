@@ -5,35 +5,57 @@ a server that imported its modules and did nothing else (no threads, no CUDA, no
 which makes each fork as clean as a fresh process. Unlike multiprocessing's forkserver, the server
 never re-imports the caller's `__main__` (a user's script would run again in every fork).
 
-`python -m advisor.isolation.forkserver MODULE...` imports the modules, then forks on request.
-Protocol, one JSON object per line. To the server: {"id", "entry": "module:function", "argv", "env",
-"cwd", "sys_path"}. From it: {"id", "pid"} when forked, {"pid", "exit"} when reaped (exit < 0: signal).
-The forked process runs entry(*argv) and must redirect its stdout: the server's is the protocol.
+`python -m advisor.isolation.forkserver --listen-fd FD MODULE...` imports the modules, then forks on
+request: for the process that started it (its owner, over stdin and stdout), and for other processes of
+this host that attach to its Unix socket (FD, bound and listening before the server starts), such as a
+tuner's Ray actor, which then imports nothing before its first trial. Protocol, one JSON object per line.
+To the server: {"id", "entry": "module:function", "argv", "env", "cwd", "sys_path"}. From it: {"ready"}
+once imported, {"id", "pid"} when forked, {"pid", "exit"} when reaped (exit < 0: signal), each to the
+client that asked. The forked process runs entry(*argv) and must redirect its stdout: the server's is the
+protocol. What a client forked dies when the client lets go; everything forked dies with the owner.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
+import logging
 import os
 import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # --- the server (python -m advisor.isolation.forkserver MODULE...) ------------------------------
 
-def _send(msg: dict[str, Any]) -> None:
-    os.write(1, (json.dumps(msg) + "\n").encode())
-
-
-_CHILDREN: set[int] = set()
+OWNER = 0  # the client that started the server: its stdin (fd 0) and stdout
+_CLIENTS: dict[int, socket.socket] = {}  # attached clients by number (1, 2, ...; never reused)
+_CHILDREN: dict[int, int] = {}  # forked pid -> the client it answers to
+_LISTENER: list[socket.socket] = []  # the socket clients attach to, if any; its directory is removed at exit
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
-def _fork(msg: dict[str, Any]) -> None:
+def _send(client: int, msg: dict[str, Any]) -> None:
+    line = (json.dumps(msg) + "\n").encode()
+    if client == OWNER:
+        os.write(1, line)
+    elif client in _CLIENTS:
+        try:
+            _CLIENTS[client].sendall(line)
+        except OSError:
+            _detach(client)
+
+
+def _fork(client: int, msg: dict[str, Any]) -> None:
     server = os.getpid()
     pid = os.fork()
     if pid == 0:  # the forked process: never returns
@@ -41,6 +63,8 @@ def _fork(msg: dict[str, Any]) -> None:
             for sig in STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             _CHILDREN.clear()
+            for sock in [*_CLIENTS.values(), *_LISTENER]:
+                sock.close()
             _die_with_parent()
             if os.getppid() != server:  # the server died before the line above took effect
                 os._exit(70)
@@ -53,8 +77,8 @@ def _fork(msg: dict[str, Any]) -> None:
             getattr(importlib.import_module(module), name)(*msg["argv"])
         finally:
             os._exit(70)  # entry exits by itself; reaching here means it could not start
-    _CHILDREN.add(pid)
-    _send({"id": msg["id"], "pid": pid})
+    _CHILDREN[pid] = client
+    _send(client, {"id": msg["id"], "pid": pid})
 
 
 def own_group(log_path: str, mode: int) -> None:
@@ -83,13 +107,31 @@ def _die_with_parent() -> None:
         pass  # not Linux: the server's own cleanup is all there is
 
 
-def _stop_children(*_: object) -> None:
-    """Kill every forked process's group (each leads its own: it and what it started), then exit."""
-    for pid in _CHILDREN:
+def _kill_group(pid: int) -> None:
+    """SIGKILL a forked process's group (it leads one once its entry called `own_group`), and the process."""
+    for kill in (os.killpg, os.kill):
         try:
-            os.killpg(pid, signal.SIGKILL)
+            kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def _detach(client: int) -> None:
+    """A client that went away: what it forked is killed (each leads its own group: it and what it started)."""
+    sock = _CLIENTS.pop(client, None)
+    if sock is not None:
+        sock.close()
+    for pid, owner in _CHILDREN.items():
+        if owner == client:
+            _kill_group(pid)
+
+
+def _stop_children(*_: object) -> None:
+    """Kill every forked process's group, remove the socket, then exit."""
+    for pid in _CHILDREN:
+        _kill_group(pid)
+    if _LISTENER:
+        shutil.rmtree(Path(_LISTENER[0].getsockname()).parent, ignore_errors=True)
     os._exit(0)
 
 
@@ -102,34 +144,62 @@ def _reap() -> None:
         if pid == 0:
             return
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        _CHILDREN.discard(pid)
-        _send({"pid": pid, "exit": code})
+        client = _CHILDREN.pop(pid, None)
+        if client is not None:
+            _send(client, {"pid": pid, "exit": code})
 
 
-def serve(preload: list[str]) -> None:
-    """Import `preload`, then fork on request until stdin closes or the client's process is gone (even killed
-    outright: the forked processes go with the server), or a signal stops it."""
+def _requests(client: int, buffers: dict[int, bytes], chunk: bytes) -> None:
+    """Fork for each whole line `client` has sent."""
+    buffers[client] = buffers.get(client, b"") + chunk
+    while b"\n" in buffers[client]:
+        line, buffers[client] = buffers[client].split(b"\n", 1)
+        _fork(client, json.loads(line))
+
+
+def serve(preload: list[str], listen_fd: int | None = None) -> None:
+    """Import `preload`, then fork on request until stdin closes or the owner's process is gone (even killed
+    outright: the forked processes go with the server), or a signal stops it. `listen_fd`: the listening socket
+    other processes attach to; one that connects during the imports hears "ready" after them."""
     # Watched here, not by a parent-death signal: that follows the client's thread that started the server
     # (a pool's first caller, a warm-up thread), which may end long before the client does.
-    client = os.getppid()
+    owner = os.getppid()
     for sig in STOP_SIGNALS:
         signal.signal(sig, _stop_children)
+    if listen_fd is not None:
+        _LISTENER.append(socket.socket(fileno=listen_fd))
     for name in preload:
         importlib.import_module(name)
-    _send({"ready": True})
-    buffer = b""
+    _send(OWNER, {"ready": True})
+    buffers: dict[int, bytes] = {}
+    numbers = itertools.count(1)
     while True:
-        ready, _, _ = select.select([0], [], [], 0.05)
-        if ready:
-            chunk = os.read(0, 1 << 16)
-            if not chunk:  # the client is gone (even killed): what it forked goes with it
-                _stop_children()
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                _fork(json.loads(line))
+        by_socket = {sock: n for n, sock in _CLIENTS.items()}
+        ready, _, _ = select.select([0, *_LISTENER, *by_socket], [], [], 0.05)
+        for source in ready:
+            if source == 0:
+                chunk = os.read(0, 1 << 16)
+                if not chunk:  # the owner is gone (even killed): what it forked goes with it
+                    _stop_children()
+                _requests(OWNER, buffers, chunk)
+            elif source in _LISTENER:
+                sock, _ = source.accept()
+                client = next(numbers)
+                _CLIENTS[client] = sock
+                _send(client, {"ready": True})
+            else:
+                client = by_socket[source]
+                try:
+                    chunk = source.recv(1 << 16)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    _detach(client)
+                    buffers.pop(client, None)
+                else:
+                    _requests(client, buffers, chunk)
         _reap()
-        if os.getppid() != client:  # reparented: the client died, and stdin may live on in a process it forked
+        if os.getppid() != owner:  # reparented: the owner died, and stdin may live on in a process it forked
             _stop_children()
 
 
@@ -156,7 +226,8 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """Starts `python -m advisor.isolation.forkserver PRELOAD...` and forks through it; thread-safe."""
+    """Starts `python -m advisor.isolation.forkserver --listen-fd FD PRELOAD...` and forks through it (other
+    processes attach at `address`), or, made by `attach`, forks through another process's server; thread-safe."""
 
     def __init__(self, preload: list[str], alloc_log: bool = False) -> None:
         from advisor.settings import get_settings
@@ -169,28 +240,63 @@ class ForkServer:
             from advisor.alloclog import preload_env
 
             env = preload_env(env)
-        self.proc = subprocess.Popen([sys.executable, "-m", "advisor.isolation.forkserver", *preload],
-                                     stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None, bufsize=0, env=env)
+        self._dir: Path | None = Path(tempfile.mkdtemp(prefix="advisor-fork-"))  # private (0700)
+        self.address: str | None = str(self._dir / "socket")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:  # bound here, so a client may attach as soon as this returns
+            listener.bind(self.address)
+            listener.listen(16)
+            listen = ["--listen-fd", str(listener.fileno())]
+        except OSError:  # a path too long for AF_UNIX (a long TMPDIR): no other process can attach
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir, self.address, listen = None, None, []
+        try:
+            self.proc: subprocess.Popen | None = subprocess.Popen(
+                [sys.executable, "-m", "advisor.isolation.forkserver", *listen, *preload], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=None, bufsize=0, env=env,
+                pass_fds=(listener.fileno(),) if listen else ())
+        finally:
+            listener.close()
+        self._sock: socket.socket | None = None
+        self._start_reading(self.proc.stdout)
+
+    @classmethod
+    def attach(cls, address: str) -> "ForkServer":
+        """A client of the server another process of this host started, listening at `address`; OSError where
+        none does. What this client forks dies when it closes, or when this process ends."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        self = cls.__new__(cls)
+        self._dir, self.address, self.proc, self._sock = None, address, None, sock
+        self._start_reading(sock.makefile("rb"))
+        return self
+
+    def _start_reading(self, stream) -> None:  # noqa: ANN001 - a binary file the server's lines come from
         self.cond = threading.Condition()
         self.exits: dict[int, int] = {}
         self.pids: dict[int, int] = {}
         self.ready = self.dead = False
         self.next_id = 0
-        threading.Thread(target=self._read, daemon=True, name="advisor-forkserver-reader").start()
+        threading.Thread(target=self._read, args=(stream,), daemon=True, name="advisor-forkserver-reader").start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            with self.cond:
-                if "ready" in msg:
-                    self.ready = True
-                elif "exit" in msg:
-                    self.exits[msg["pid"]] = msg["exit"]
-                else:
-                    self.pids[msg["id"]] = msg["pid"]
-                self.cond.notify_all()
+    def _read(self, stream) -> None:  # noqa: ANN001
+        try:
+            for line in stream:
+                msg = json.loads(line)
+                with self.cond:
+                    if "ready" in msg:
+                        self.ready = True
+                    elif "exit" in msg:
+                        self.exits[msg["pid"]] = msg["exit"]
+                    else:
+                        self.pids[msg["id"]] = msg["pid"]
+                    self.cond.notify_all()
+        except (OSError, ValueError):  # an attached client's socket closed under the reader
+            pass
         with self.cond:
             self.dead = True
             self.cond.notify_all()
@@ -202,7 +308,14 @@ class ForkServer:
             return self.ready and self.alive()
 
     def alive(self) -> bool:
-        return self.proc.poll() is None and not self.dead
+        return (self.proc is None or self.proc.poll() is None) and not self.dead
+
+    def _write(self, data: bytes) -> None:
+        if self._sock is not None:
+            self._sock.sendall(data)
+        else:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(data)
 
     def spawn(self, entry: str, argv: list[str], env: dict[str, str], timeout: float = 120.0) -> ForkedProcess:
         """Fork `entry` ("module:function") with `argv`, this process's cwd and sys.path, and `env`."""
@@ -210,34 +323,73 @@ class ForkServer:
             msg_id, self.next_id = self.next_id, self.next_id + 1
             line = json.dumps({"id": msg_id, "entry": entry, "argv": argv, "env": env, "cwd": os.getcwd(),
                                "sys_path": sys.path})
-            assert self.proc.stdin is not None
-            self.proc.stdin.write((line + "\n").encode())
+            try:
+                self._write((line + "\n").encode())
+            except OSError as exc:
+                raise RuntimeError(f"the fork server is gone ({exc})") from exc
             if not self.cond.wait_for(lambda: msg_id in self.pids or self.dead, timeout):
                 raise RuntimeError("the fork server did not answer")
             if self.dead:
-                raise RuntimeError(f"the fork server exited (code {self.proc.poll()})")
+                code = self.proc.poll() if self.proc is not None else "unknown: another process's"
+                raise RuntimeError(f"the fork server exited (code {code})")
             return ForkedProcess(self, self.pids.pop(msg_id))
 
     def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader: it marks this client dead
+            except OSError:
+                pass
+            self._sock.close()
+            return
+        assert self.proc is not None
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         self.proc.wait(timeout=10)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _LOCK = threading.Lock()
 _SERVERS: dict[tuple[str | bool, ...], ForkServer] = {}
+_SHARED: dict[tuple[str | bool, ...], str] = {}  # servers of another process to fork through, by the same key
 
 
 def get_server(preload: list[str], alloc_log: bool = False) -> ForkServer:
-    """This process's server for `preload` (`alloc_log`: under the storage logger's shim), started on first use
-    and again if it died."""
+    """This process's server for `preload` (`alloc_log`: under the storage logger's shim): the one `use_shared`
+    named while it answers, else one of its own, started on first use and again if it died."""
     key = (*preload, alloc_log)
     with _LOCK:
         server = _SERVERS.get(key)
         if server is None or not server.alive():
-            server = _SERVERS[key] = ForkServer(preload, alloc_log)
+            server = None
+            address = _SHARED.pop(key, None)
+            if address is not None:
+                try:
+                    server = ForkServer.attach(address)
+                except OSError as exc:
+                    log.warning("the shared fork server at %s did not answer (%s); starting one here", address, exc)
+            server = _SERVERS[key] = server or ForkServer(preload, alloc_log)
         return server
 
 
+def use_shared(preload: list[str], alloc_log: bool, address: str) -> None:
+    """Have `get_server(preload, alloc_log)` fork through the server listening at `address` (started by another
+    process of this host with the same `preload` and `alloc_log`) from now on, until that server is gone; then
+    through one of this process's own."""
+    key = (*preload, alloc_log)
+    with _LOCK:
+        current = _SERVERS.get(key)
+        if current is not None and current.alive() and current.address == address:
+            return
+        _SHARED[key] = address
+        if current is not None:  # what it forked dies with it: a caller shares before it forks anything
+            current.close()
+        _SERVERS.pop(key, None)
+
+
 if __name__ == "__main__":
-    serve(sys.argv[1:])
+    if sys.argv[1:2] == ["--listen-fd"]:
+        serve(sys.argv[3:], listen_fd=int(sys.argv[2]))
+    else:
+        serve(sys.argv[1:])

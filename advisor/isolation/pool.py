@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from advisor.errors import AdvisorError, WorkloadFailed
-from advisor.isolation.forkserver import ForkedProcess, get_server
+from advisor.isolation.forkserver import ForkedProcess, ForkServer, get_server, use_shared
 from advisor.procmem import group_pss, rss_of
 
 T = TypeVar("T")
@@ -298,6 +298,16 @@ def _log_tail(worker: _Worker, call: _Call) -> str:
 
 _DEFAULT: WorkerPool | None = None
 _DEFAULT_LOCK = threading.Lock()
+
+
+def fork_server() -> ForkServer:
+    """This process's isolation fork server (started now if it was not: its imports take seconds)."""
+    return get_server(PRELOAD)
+
+
+def use_shared_server(address: str) -> None:
+    """Fork this process's isolation workers through the server another process of this host started (`address`)."""
+    use_shared(PRELOAD, False, address)
 
 
 def default_pool() -> WorkerPool:

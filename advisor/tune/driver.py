@@ -274,6 +274,9 @@ def _ray_env() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the new output prints a banner even at verbose=0
+    # Tune's default loggers include TensorBoard's, and tensorboardX imports torch into the driver (1.3 s on a
+    # 2-core host, before the first trial can start); `_fit` adds the CSV and JSON ones itself.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # Tune warns when handling one result takes over 0.5 s; ours (the store, Optuna's tell) can,
     # next to trials that take seconds to minutes, so the warning would only be noise.
     os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "30")
@@ -397,6 +400,9 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
         import advisor.tune.ray_hooks  # noqa: F401 - Ray Tune's import (a second), beside the opening
         import advisor.tune.searcher  # noqa: F401
         wl, hw, space, context, base, store, study, ctx, interrupted = opening.result()
+        # a local Ray's trials fork through this process's servers: the trial server's imports start now, beside
+        # Tune's start and the first estimate (earlier, they would slow the workload's load and Ray's start)
+        ctx = ctx.model_copy(update={"fork_servers": _fork_servers() if req.ray_address is None else {}})
     except BaseException:
         if started:
             import ray
@@ -428,6 +434,16 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
             ray.shutdown()
     store.finish_study(study.id)
     return summarize_study(store, study.id, base, ctx, stats, time.monotonic() - t0)
+
+
+def _fork_servers() -> dict[str, str]:
+    """This process's trial and isolation fork servers (started now where they were not), by the socket paths a
+    trial's actor on this host forks through (StudyContext.fork_servers)."""
+    from advisor.isolation.pool import fork_server
+    from probes.forkserver import get_server
+
+    servers = {"trial": get_server(), "isolation": fork_server()}
+    return {name: server.address for name, server in servers.items() if server.address}
 
 
 def _check_target(req: TuneRequest) -> None:
@@ -522,6 +538,7 @@ def _fit(req: TuneRequest, hw, ctx: StudyContext, name: str, budget: _Budget, ca
          num_samples: int = 1) -> None:
     """One Ray Tune experiment over the trainable; the budget stopper ends it early."""
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from advisor.tune.ray_hooks import BudgetStopper
 
@@ -534,7 +551,8 @@ def _fit(req: TuneRequest, hw, ctx: StudyContext, name: str, budget: _Budget, ca
                                     max_concurrent_trials=_concurrency(hw), time_budget_s=elapsed),
         # a trial whose actor dies is that trial's error, never retried (user code runs in isolated workers)
         run_config=tune.RunConfig(name=name, storage_path=str(_results_dir()), verbose=0, stop=BudgetStopper(budget),
-                                  callbacks=[callback], failure_config=tune.FailureConfig(max_failures=0)))
+                                  callbacks=[callback, CSVLoggerCallback(), JsonLoggerCallback()],
+                                  failure_config=tune.FailureConfig(max_failures=0)))
     tuner.fit()
 
 

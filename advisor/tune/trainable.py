@@ -34,6 +34,9 @@ class StudyContext(BaseModel):
     db_url: str
     objective: Objective
     owner: str = Field(description="host:pid of the tuner driver: claims are its, so they die with it (SIGKILL).")
+    fork_servers: dict[str, str] = Field(
+        default_factory=dict, description="The driver's fork servers ('trial', 'isolation': socket paths) for a "
+        "local Ray's trials to fork through, so that an actor imports no torch before its first trial.")
 
     @property
     def metric(self) -> str:
@@ -159,17 +162,22 @@ def _nothing(ctx: StudyContext, status: str) -> dict[str, Any]:
 
 
 def ray_trainable(config: dict[str, Any], ctx_json: str) -> None:
-    """The function Ray Tune runs for each trial. The trial and isolation fork servers (which import torch:
-    seconds) start at once in the background, so its start overlaps the claim, the reuse check and the
-    estimate; an actor reused for the next trial (reuse_actors) keeps it."""
+    """The function Ray Tune runs for each trial. It forks through the driver's fork servers where the context
+    names them (a local Ray); where it starts its own (they import torch: seconds), they start at once in the
+    background, so their start overlaps the claim, the reuse check and the estimate. An actor reused for the
+    next trial (reuse_actors) keeps them."""
     import threading
 
     from ray import tune
 
-    from advisor.isolation.pool import default_pool
-    from probes.forkserver import get_server
+    from advisor.isolation.pool import default_pool, use_shared_server
+    from probes.forkserver import get_server, use_shared
 
+    ctx = StudyContext.model_validate_json(ctx_json)
+    if "trial" in ctx.fork_servers:
+        use_shared(ctx.fork_servers["trial"])
+    if "isolation" in ctx.fork_servers:
+        use_shared_server(ctx.fork_servers["isolation"])
     threading.Thread(target=get_server, daemon=True, name="advisor-forkserver-start").start()
     default_pool().warm()  # the isolated worker that estimates each configuration before it runs
-    tune.report(evaluate(StudyContext.model_validate_json(ctx_json), config.get("training_config"),
-                         repeat=bool(config.get("repeat"))))
+    tune.report(evaluate(ctx, config.get("training_config"), repeat=bool(config.get("repeat"))))

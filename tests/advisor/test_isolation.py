@@ -21,7 +21,7 @@ from advisor import isolation
 from advisor.errors import SpecError, WorkloadFailed
 from advisor.estimate import EstimateOptions, EstimateRequest
 from advisor.estimate.stages import listening
-from advisor.isolation.forkserver import ForkServer, get_server
+from advisor.isolation.forkserver import ForkServer, get_server, use_shared
 from advisor.isolation.pool import PRELOAD, PoolFull, WorkerPool
 from advisor.workload import describe_workload
 
@@ -312,6 +312,58 @@ def test_a_fork_server_and_what_it_forked_go_when_its_client_is_killed():
         client.kill()
         if "holder" in locals():
             os.kill(holder, signal.SIGKILL)
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_client_that_attaches_forks_through_the_server_and_what_it_forked_goes_when_it_lets_go():
+    """Another process's client (a tuner's Ray actor) of a server: its forks are the server's, their exits come back
+    to it alone, and what it forked is killed when it lets go; the server and its owner's forks live on."""
+    owner = ForkServer(["json"])
+    kept = None
+    try:
+        attached = ForkServer.attach(owner.address)
+        assert attached.wait_ready(60) and owner.wait_ready(1)
+        kept = owner.spawn("time:sleep", [600], {})
+        quick = attached.spawn("os:_exit", [5], {})
+        quick.join(30)
+        assert quick.exitcode == 5 and owner.exits.get(quick.pid) is None
+        child = attached.spawn("time:sleep", [600], {})
+        assert _ppid(child.pid) == owner.proc.pid and child.pid != kept.pid
+        attached.close()
+        deadline = time.monotonic() + 10
+        while _alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child.pid), "a detached client's fork was left running"
+        assert _alive(kept.pid) and owner.alive() and not attached.alive()
+    finally:
+        if kept is not None:
+            os.kill(kept.pid, signal.SIGKILL)
+        owner.close()
+
+
+def test_a_pool_forks_through_the_shared_server_while_it_answers_and_through_its_own_after():
+    """`use_shared`: the pool's workers are the other process's server's forks; a shared server that does not
+    answer (gone) leaves the process to start its own."""
+    owner = ForkServer(PRELOAD)  # torch and the estimator imported: seconds
+    pool = WorkerPool(1)
+    try:
+        use_shared(PRELOAD, False, owner.address)
+        assert pool.call(os.getppid, what="the call", stage="asking", timeout_s=TIMEOUT_S,
+                         memory_cap_bytes=4 << 30) == owner.proc.pid
+        assert get_server(PRELOAD).proc is None  # attached: this process started no server of its own
+    finally:
+        pool.close()
+        owner.close()
+    use_shared(["json"], False, str(Path(owner.address).parent / "gone"))
+    own = get_server(["json"])
+    try:
+        assert own.proc is not None and own.wait_ready(60)
+    finally:
+        own.close()
 
 
 def test_a_pool_whose_fork_server_died_serves_on_from_a_new_one(make_pool):

@@ -56,6 +56,12 @@ def _children() -> list[int]:
     return sorted(out)
 
 
+def _parent(pid: int) -> int:
+    """The parent of process `pid` (of this rank's parent, the fork server: the process that started the server)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def _fail(fail: str, hog: list, out) -> None:
     if fail == "abort-on-bf16" and out.dtype == torch.bfloat16:  # crashes in some configurations only
         os.abort()
@@ -86,7 +92,7 @@ def build(out_dir: str, fail: str = "none", samples: int = 256):
                 "out_dtype": str(out.dtype),
                 "channels_last": x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
                 "threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0)),
-                "rank": os.environ.get("RANK"), "children": _children(),
+                "rank": os.environ.get("RANK"), "children": _children(), "server_parent": _parent(os.getppid()),
             }) + "\n")
         _fail(fail, hog, out)
         return nn.functional.cross_entropy(out.float(), y)

@@ -206,6 +206,12 @@ def test_a_configuration_that_crashes_does_not_stop_the_study(data_dir, tmp_path
     assert summary["statuses"] == {"ok": 2, "crashed": 2}
     crashed = [r for r in stored(db) if r.status.value == "crashed"]
     assert {r.config.precision.value for r in crashed} == {"bf16"} and all("SIGABRT" in r.error for r in crashed)
+    # every trial's rank was forked by the tuner's own trial fork server, not one its Ray actor started (the
+    # log's other steps are the fresh processes of the protocol's peak runs, which set no RANK)
+    tuner = {int(r.owner.rsplit(":", 1)[1]) for r in stored(db)}
+    steps = [json.loads(line) for line in (tmp_path / "log-abort-on-bf16.jsonl").read_text().splitlines()]
+    ranks = [s for s in steps if s["rank"] is not None]
+    assert len(tuner) == 1 and len({s["pid"] for s in ranks}) == 4 and {s["server_parent"] for s in ranks} == tuner
 
 
 def test_two_tuners_on_one_postgresql_study_never_measure_a_config_twice(data_dir, postgresql_url):
