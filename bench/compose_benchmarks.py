@@ -133,7 +133,7 @@ def glance_rows() -> list[list[str]]:
     rows += _held_out_glance() + [_largest_glance(), _speed_glance()]
     rows += [_cuda_glance(stem, gpu) for stem, gpu in (("accuracy-cuda", "H100"), ("accuracy-cuda-h200", "H200"))]
     rows += [_calibration_glance()] + _md_glance() + [_isolation_glance(), _parallel_glance(), _plan_glance()]
-    return rows + [_hf_glance()]
+    return rows + [_plan_speed_glance(), _hf_glance()]
 
 
 def _hf_glance() -> list[str]:
@@ -168,6 +168,16 @@ def _plan_glance() -> list[str]:
             "≤ 10% / ≤ 25%; ≥ 0.8; all", f"{_yes(met)}; {_yes(priced == len(plans))}",
             f"6ND rule: {_apct(a['rule_median_abs_error'])} / {_apct(a['rule_max_abs_error'])}",
             "no device (a model against published runs)", f"`{m['commit']}`", m["date"]]
+
+
+def _plan_speed_glance() -> list[str]:
+    res = _load("plan-speed")
+    m, cases = res["meta"], res["cases"]
+    dirty = ", uncommitted changes" if m["source"]["dirty"] else ""
+    return ["[Planner speed](#planner-speed): `advisor plan` over the whole space, a fresh process's wall time",
+            ", ".join(f"{c['label']} {c['wall_s']:.1f} s" for c in cases),
+            ", ".join(f"≤ {c['goal_s']:.0f} s" for c in cases), f"{sum(c['met'] for c in cases)} of {len(cases)}", "—",
+            cpu_machine(m), f"`{m['source']['git_head']}`{dirty}", m["started"][:10]]
 
 
 def _parallel_glance() -> list[str]:
@@ -459,6 +469,10 @@ def md_sections() -> list[str]:
          "performance summary), each predicted from that configuration, against the published step time, beside "
          "the usual rule (6 x parameters x tokens at half the peak). The compute efficiencies are fitted on every "
          "other row and checked on the rest."),
+        ("Planner speed", "plan-speed", "bench/plan_speed.py",
+         "How long `advisor plan` takes over the whole space of meshes, strategies, schedules, micro-batches, "
+         "checkpointing and offload (docs/planner.md), as a user runs it. Goals: llama-70b on 64 H100s in at most "
+         "10 s, on 1,024 H100s in at most 30 s."),
         ("Cost of isolation", "isolation-latency", None,
          "What running a named workload's estimate in an isolated worker (`advisor.isolation.estimate`, the path of "
          "the CLI, the trial runner, the tuner and the API) costs beside `estimate_memory` in the caller's process, "

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The advisor modules that run trials or benches, and so may import probes.
 PROBES_ALLOWED = {
     "advisor/cli.py",  # `advisor trial` runs one trial; `advisor probe --bench` runs the machine bench
-    "advisor/tune/trainable.py",  # the tuner's trainable runs each trial and starts the trial fork server
+    "advisor/tune/trainable.py",  # the tuner's trainable runs each trial; the tuner starts the trial fork server here
 }
 
 

@@ -21,7 +21,7 @@ from advisor.store.records import Objective, RecordStatus, StudySpec
 from advisor.trial import TrainingConfig
 from advisor.tune.request import TuneRequest
 from advisor.tune.summary import TuneSummary, summarize_study
-from advisor.tune.trainable import StudyContext, ray_trainable
+from advisor.tune.trainable import StudyContext, fork_servers, ray_trainable
 
 log = logging.getLogger(__name__)
 RAY_TEMP_MAX = 48  # characters: Ray appends ~60 (session_<date>_<pid>/sockets/plasma_store)
@@ -400,9 +400,6 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
         import advisor.tune.ray_hooks  # noqa: F401 - Ray Tune's import (a second), beside the opening
         import advisor.tune.searcher  # noqa: F401
         wl, hw, space, context, base, store, study, ctx, interrupted = opening.result()
-        # a local Ray's trials fork through this process's servers: the trial server's imports start now, beside
-        # Tune's start and the first estimate (earlier, they would slow the workload's load and Ray's start)
-        ctx = ctx.model_copy(update={"fork_servers": _fork_servers() if req.ray_address is None else {}})
     except BaseException:
         if started:
             import ray
@@ -426,6 +423,9 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     stats = {"interrupted": interrupted, "retried": len(retries), "resumed_from": len(done), "planned": len(seeds)}
     try:
         if remaining:
+            # a local Ray's trials fork through this process's servers: the trial server's imports start now, beside
+            # Tune's start and the first estimate (earlier, they would slow the workload's load and Ray's start)
+            ctx = ctx.model_copy(update={"fork_servers": fork_servers() if req.ray_address is None else {}})
             stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result))
     finally:
         if started:
@@ -434,16 +434,6 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
             ray.shutdown()
     store.finish_study(study.id)
     return summarize_study(store, study.id, base, ctx, stats, time.monotonic() - t0)
-
-
-def _fork_servers() -> dict[str, str]:
-    """This process's trial and isolation fork servers (started now where they were not), by the socket paths a
-    trial's actor on this host forks through (StudyContext.fork_servers)."""
-    from advisor.isolation.pool import fork_server
-    from probes.forkserver import get_server
-
-    servers = {"trial": get_server(), "isolation": fork_server()}
-    return {name: server.address for name, server in servers.items() if server.address}
 
 
 def _check_target(req: TuneRequest) -> None:

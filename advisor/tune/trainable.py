@@ -161,6 +161,16 @@ def _nothing(ctx: StudyContext, status: str) -> dict[str, Any]:
             **({"memory": MEMORY_PENALTY} if len(ctx.objective.metrics) > 1 else {})}
 
 
+def fork_servers() -> dict[str, str]:
+    """This process's trial and isolation fork servers (started now where they were not), by the socket paths a
+    trial's actor on this host forks through (StudyContext.fork_servers)."""
+    from advisor.isolation.pool import fork_server
+    from probes.forkserver import get_server
+
+    servers = {"trial": get_server(), "isolation": fork_server()}
+    return {name: server.address for name, server in servers.items() if server.address}
+
+
 def ray_trainable(config: dict[str, Any], ctx_json: str) -> None:
     """The function Ray Tune runs for each trial. It forks through the driver's fork servers where the context
     names them (a local Ray); where it starts its own (they import torch: seconds), they start at once in the
