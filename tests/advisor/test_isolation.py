@@ -343,6 +343,7 @@ def test_a_client_that_attaches_forks_through_the_server_and_what_it_forked_goes
         if kept is not None:
             os.kill(kept.pid, signal.SIGKILL)
         owner.close()
+    assert not Path(owner.address).parent.exists()  # the socket's private directory goes with the server
 
 
 def test_a_pool_forks_through_the_shared_server_while_it_answers_and_through_its_own_after():
