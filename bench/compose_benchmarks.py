@@ -260,6 +260,15 @@ def tune_stems() -> list[str]:
     return sorted(p.stem for p in RESULTS.glob("tune-*.json") if p.stem not in ("tune-load", "tune-quick"))
 
 
+def _tune_body() -> list[str]:
+    """The tuner's results of every kind of CPU: how the bench works once (the paragraph each file opens with), then
+    each file's grids, each with the command and run that measured it."""
+    bodies = [_body(stem) for stem in tune_stems()]
+    first = next(i for i, line in enumerate(bodies[0]) if line.startswith("Each grid is measured"))
+    return [bodies[0][first], ""] + [line for body in bodies
+                                     for line in body[next(i for i, x in enumerate(body) if x.startswith("### ")):]]
+
+
 def _md_glance() -> list[list[str]]:
     """Rows for the benchmarks whose results are the markdown their script writes."""
     trials, cuda = (RESULTS / "trials.md").read_text(), (RESULTS / "trials-cuda.md").read_text()
@@ -482,7 +491,7 @@ def md_sections() -> list[str]:
     for title, stem, command, method in parts:
         run = ["```bash", f".venv/bin/python {command}", "```", ""] if command else []
         body = _without_cases(_body(stem), stem, "| model | GPUs | configuration") if stem == "plan-accuracy" \
-            else [line for s in tune_stems() for line in _body(s)] if stem == "tune" else _body(stem)
+            else _tune_body() if stem == "tune" else _body(stem)
         out += [f"## {title}", "", method, "", *run, *body]
     return out
 

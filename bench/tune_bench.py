@@ -217,7 +217,8 @@ def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
              " a configuration's value is its mean." if spread else "")
     lines = [f"### {TITLES[key]} on {p.get('machine', '').split(',')[0]}: {p['workload']} "
              f"{json.dumps(p['workload_args'])}", "",
-             f"Run {p.get('started')} on {p.get('machine')}, {p.get('seeds')} seeds.", "",
+             f"`bench/tune_bench.py --presets {key} --seeds {p.get('seeds')} --repeats {repeats}`, run "
+             f"{p.get('started')} on {p.get('machine')}.", "",
              f"Grid `bench/spaces/{p['space']}`: {p['grid_size']} configurations, measured exhaustively "
              f"{repeats} time(s) (brute force; first pass {sum(ex['statuses'].values())} trials: {ex['statuses']})."
              f"{noise}", "",
@@ -252,8 +253,9 @@ def _md_preset(key: str, p: dict[str, Any]) -> list[str]:
 
 def markdown(res: dict[str, Any]) -> str:
     lines = ["## Tuner", "", f"`{res['command']}`, run {res['started']} on {res['machine']}; "
-             f"{res['seeds']} seeds; each trial warm-up 2 steps, then >= 5 steps and >= 1.5 s.", "",
-             "Each grid is measured by brute-force studies (`--repeats` passes, the later ones measuring again); "
+             f"{res['seeds']} seeds.", "",
+             "Each grid is measured by brute-force studies (`--repeats` passes, the later ones measuring again; each "
+             "trial warm-up 2 steps, then >= 5 steps and >= 1.5 s); "
              "a configuration's value is the mean of its passes. The seeded studies on the same store reuse those "
              "measurements (same workload, hardware and software fingerprint), so they compare the samplers on "
              "identical numbers; each is scored by the grid's value of the best configuration it found. The "

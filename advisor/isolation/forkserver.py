@@ -353,6 +353,7 @@ class ForkServer:
 _LOCK = threading.Lock()
 _SERVERS: dict[tuple[str | bool, ...], ForkServer] = {}
 _SHARED: dict[tuple[str | bool, ...], str] = {}  # servers of another process to fork through, by the same key
+_UNANSWERED: set[str] = set()  # addresses where no server answered: not tried again (each try may start one here)
 
 
 def get_server(preload: list[str], alloc_log: bool = False) -> ForkServer:
@@ -368,6 +369,7 @@ def get_server(preload: list[str], alloc_log: bool = False) -> ForkServer:
                 try:
                     server = ForkServer.attach(address)
                 except OSError as exc:
+                    _UNANSWERED.add(address)
                     log.warning("the shared fork server at %s did not answer (%s); starting one here", address, exc)
             server = _SERVERS[key] = server or ForkServer(preload, alloc_log)
         return server
@@ -376,11 +378,11 @@ def get_server(preload: list[str], alloc_log: bool = False) -> ForkServer:
 def use_shared(preload: list[str], alloc_log: bool, address: str) -> None:
     """Have `get_server(preload, alloc_log)` fork through the server listening at `address` (started by another
     process of this host with the same `preload` and `alloc_log`) from now on, until that server is gone; then
-    through one of this process's own."""
+    through one of this process's own, kept where the same address is named again."""
     key = (*preload, alloc_log)
     with _LOCK:
         current = _SERVERS.get(key)
-        if current is not None and current.alive() and current.address == address:
+        if address in _UNANSWERED or current is not None and current.alive() and current.address == address:
             return
         _SHARED[key] = address
         if current is not None:  # what it forked dies with it: a caller shares before it forks anything

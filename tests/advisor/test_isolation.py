@@ -363,6 +363,8 @@ def test_a_pool_forks_through_the_shared_server_while_it_answers_and_through_its
     own = get_server(["json"])
     try:
         assert own.proc is not None and own.wait_ready(60)
+        use_shared(["json"], False, str(Path(owner.address).parent / "gone"))  # the next trial names it again
+        assert get_server(["json"]) is own  # kept, not started again for another try
     finally:
         own.close()
 
