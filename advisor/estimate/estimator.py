@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
+import json
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
 
 from advisor.config import Strategy
 from advisor.errors import EstimateError, SpecError
@@ -22,6 +28,12 @@ from advisor.estimate.trace import Trace, trace_training
 from advisor.fingerprint import workload_fingerprint
 from advisor.hardware.spec import HardwareSpec
 from advisor.workload import Workload
+
+# Traces of preset steps kept in this process (a tuner's isolated worker estimates batch after batch; the batch
+# model traces each at b and 2b or b/2): gpt2-small's is 0.5 MB pickled, tiny-gpt2's 0.1 MB.
+TRACES_KEPT = 32
+_TRACES: collections.OrderedDict[tuple, Trace] = collections.OrderedDict()
+_TRACES_LOCK = threading.Lock()
 
 if TYPE_CHECKING:
     from advisor.estimate.resident.calibration import Run
@@ -153,21 +165,51 @@ def _reduce_gpu(hw: HardwareSpec, probe_gpu: bool) -> ReduceGpu | None:
 
 
 def _tracer(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu",
-            cuda: bool = False, reduce_gpu: ReduceGpu | None = None) -> Callable[..., Trace]:
-    """trace(b, flops=True): the request's training step traced at batch b."""
+            cuda: bool = False, reduce_gpu: ReduceGpu | None = None, *,
+            preset: tuple[str, str] | None = None) -> Callable[..., Trace]:
+    """trace(b, flops=True): the request's training step traced at batch b. `preset` ((name, its arguments as
+    JSON) where the workload is a preset, whose code cannot change under this process): traces are kept
+    (TRACES_KEPT) and given again to any estimate that asks for the same step at the same batch."""
+    import torch
+
     kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
               fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu,
               cuda_workspaces=cuda, device=device_type, reduce_gpu=reduce_gpu)
+    # kernels sized on this GPU may size otherwise as its free memory changes; the CPU's scratch by thread count
+    key = None if preset is None or cuda else (preset, repr(sorted(kw.items())), torch.get_num_threads())
 
     def retrace(b: int, flops: bool = True) -> Trace:
-        return trace_training(wl, b, count_flops=flops, **kw)
+        if key is None:
+            return trace_training(wl, b, count_flops=flops, **kw)
+        with _TRACES_LOCK:
+            trace = _TRACES.get((key, b))
+            if trace is not None:
+                _TRACES.move_to_end((key, b))
+        if trace is None:
+            # traced counting FLOPs whoever asks, so one trace serves both (counting them costs no measurable time)
+            trace = trace_training(wl, b, count_flops=True, **kw)
+            for value in vars(trace).values():  # shared from now on: a caller writing into it would change others'
+                if isinstance(value, np.ndarray):
+                    value.flags.writeable = False
+            with _TRACES_LOCK:
+                _TRACES[(key, b)] = trace
+                while len(_TRACES) > TRACES_KEPT:
+                    _TRACES.popitem(last=False)
+        return trace if flops else dataclasses.replace(trace, flops_per_step=0)
 
     return retrace
 
 
+def _preset(case: Case) -> tuple[str, str] | None:
+    """(name, arguments as JSON) of a preset workload; None for a file, module or object (which may change)."""
+    if not isinstance(case.workload, str) or ":" in case.workload:
+        return None
+    return case.workload, json.dumps(case.workload_args or {}, sort_keys=True, default=str)
+
+
 def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu", cuda: bool = False,
-                 reduce_gpu: ReduceGpu | None = None) -> BatchModel:
-    retrace = _tracer(wl, req, cpu, device_type, cuda, reduce_gpu)
+                 reduce_gpu: ReduceGpu | None = None, preset: tuple[str, str] | None = None) -> BatchModel:
+    retrace = _tracer(wl, req, cpu, device_type, cuda, reduce_gpu, preset=preset)
 
     a = req.batch_size
     if a == 1:
@@ -193,7 +235,8 @@ def _choose_batch_model(case: Case, notes: list[str], cuda: bool,
         return BatchModel(a=req.batch_size, trace_a=analytic_trace(wl, req.batch_size, req),
                           retrace=lambda b: analytic_trace(wl, b, req)), "analytic"
     try:
-        return _batch_model(wl, req, _local_cpu(case.hw), case.hw.device_type, cuda, reduce_gpu), "traced"
+        return _batch_model(wl, req, _local_cpu(case.hw), case.hw.device_type, cuda, reduce_gpu,
+                            _preset(case)), "traced"
     except EstimateError as exc:
         if not isinstance(case.workload, str):
             raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "
@@ -263,7 +306,8 @@ def _largest(case: Case, fit: Fitted, usable: int, probe_gpu: bool, notes: list[
         notes.append(f"largest batch from the traces' line, not searched again on exact traces ({exact}): "
                      "not asked for")
         exact = None
-    trace_at = _tracer(case.wl, case.req, _local_cpu(hw), hw.device_type, probe_gpu) if exact else None
+    trace_at = _tracer(case.wl, case.req, _local_cpu(hw), hw.device_type, probe_gpu,
+                       preset=_preset(case)) if exact else None
     kept = case.options.calibrate == "kept"  # a caller that allows no real runs
     if kept and fit.calibrated:
         notes.append("largest batch from the kept calibration's fit, not checked with real runs near it (none are "

@@ -326,6 +326,18 @@ def _ray_init(req: TuneRequest) -> tuple[bool, Path | None]:
     return True, made
 
 
+def _shutdown_ray() -> None:
+    """ray.shutdown() without its wait on the autoscaler's monitor, which has nothing to scale on a local Ray: Ray
+    stops its processes one by one, giving each 1 s to exit on SIGTERM, and the monitor takes all of it."""
+    import ray
+    from ray._private import ray_constants
+
+    node = getattr(ray._private.worker, "_global_node", None)  # the local Ray this process started, if any
+    for info in (getattr(node, "all_processes", None) or {}).get(ray_constants.PROCESS_TYPE_MONITOR, []):
+        info.process.kill()
+    ray.shutdown()
+
+
 def _resources(hw) -> Callable[[dict[str, Any]], dict[str, float]]:
     """CPUs and GPUs a trial reserves: on a CPU target the whole machine (trials must not share cores)."""
     import ray
@@ -402,9 +414,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
         wl, hw, space, context, base, store, study, ctx, interrupted = opening.result()
     except BaseException:
         if started:
-            import ray
-
-            ray.shutdown()
+            _shutdown_ray()
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
         raise
@@ -429,9 +439,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
             stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result))
     finally:
         if started:
-            import ray
-
-            ray.shutdown()
+            _shutdown_ray()
     store.finish_study(study.id)
     return summarize_study(store, study.id, base, ctx, stats, time.monotonic() - t0)
 

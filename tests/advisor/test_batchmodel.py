@@ -104,12 +104,13 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
     # batch's does not. The trace probes a dtype's products where its buffer is at least half the output, as on
     # AMX (scratch_cpu.PRODUCT_SCRATCH_SHARE); any buffer at all here, so that the search runs on a CPU whose products
     # hold a little (a Zen 4's 26 KiB beside 512 KiB).
-    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory, scratch_cpu
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory, estimator, scratch_cpu
     from advisor.hardware import get_hardware
 
     if not _half_products_hold_scratch(torch.bfloat16, share=0.0):
         pytest.skip("this CPU's bf16 matrix products hold nothing beside their output: no scratch to search on")
     monkeypatch.setattr(scratch_cpu, "PRODUCT_SCRATCH_SHARE", 0.0)
+    monkeypatch.setattr(estimator, "_TRACES", estimator._TRACES.__class__())  # none kept from before the patch
     hw = get_hardware("cpu").model_copy(update={"host_memory_bytes": 2 << 30})
 
     def at(b: int):
@@ -125,7 +126,6 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
 
     # The tuner's pruning and a trial's prediction need only the request's own batch: two traces, not the search's
     # (up to 8 more, each probing every product), the same total, and a note that the largest batch is the line's.
-    from advisor.estimate import estimator
     from advisor.trial import TrainingConfig
     from search_spaces import feasibility
 
@@ -136,6 +136,7 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
         return trace_training(wl, b, **kw)
 
     monkeypatch.setattr(estimator, "trace_training", counted)
+    estimator._TRACES.clear()  # the search's traces above would serve these
     line = estimate_memory("tiny-bert", hw, EstimateRequest(batch_size=2, precision="bf16"),
                            EstimateOptions(calibrate=False, measured=False, exact_largest=False),
                            workload_args={"seq_len": 512})
@@ -195,3 +196,41 @@ def test_a_trace_does_not_depend_on_what_the_process_ran_before():
     first, again = (_trace("tiny-lstm", 5, Precision.fp32) for _ in range(2))
     assert np.array_equal(first.sizes, again.sizes)
     assert np.array_equal(first.ids, again.ids)
+
+
+def test_estimates_of_a_preset_share_its_traces_and_answer_as_a_fresh_trace_would(monkeypatch):
+    # A tuner's isolated worker estimates one batch size after another, and the batch model traces b beside 2b or
+    # b/2: batch 4 after 2 and 8 traces nothing new, and answers exactly as where nothing was kept.
+    from pathlib import Path
+
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory, estimator
+
+    monkeypatch.setattr(estimator, "_TRACES", estimator._TRACES.__class__())
+    traced: list[int] = []
+
+    def counted(wl, b, **kw):
+        traced.append(b)
+        return trace_training(wl, b, **kw)
+
+    monkeypatch.setattr(estimator, "trace_training", counted)
+
+    def at(b: int, workload: str = "tiny-gpt2", args: dict | None = None):
+        return estimate_memory(workload, "cpu", EstimateRequest(batch_size=b), EstimateOptions(
+            calibrate=False, measured=False, exact_largest=False), workload_args=args or {"seq_len": 64})
+
+    at(2), at(8)  # traces 2 and 4, then 8 beside the 4 kept
+    assert sorted(traced) == [2, 4, 8]
+    kept = at(4)
+    assert sorted(traced) == [2, 4, 8], "batch 4 and its neighbour 2 were kept"
+    estimator._TRACES.clear()
+    fresh = at(4)
+    assert sorted(traced) == [2, 2, 4, 4, 8]
+    assert (kept.total_bytes, kept.max_batch_size, kept.flops_per_step) == \
+        (fresh.total_bytes, fresh.max_batch_size, fresh.flops_per_step) and kept.flops_per_step > 0
+    with pytest.raises(ValueError, match="read-only"):  # kept traces are shared: no caller may write into one
+        next(iter(estimator._TRACES.values())).sizes[0] = 0
+    # a workload file may be edited between two estimates: its steps are traced each time
+    traced.clear()
+    pooled = f"{Path(__file__).with_name('pooled_mean.py')}:build"
+    at(2, pooled, {"points": 16}), at(2, pooled, {"points": 16})
+    assert sorted(traced) == [2, 2, 4, 4]
