@@ -251,8 +251,10 @@ def config_from_dict(values: dict[str, Any], *, device: str) -> TrainingConfig:
 
 def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: HardwareSpec | str = "local",
               workload_args: dict[str, Any] | None = None, budget: TrialBudget | None = None,
-              estimate: bool = True, count_ops: bool = True) -> TrialResult:
-    """Measure `config` for real; see the module docstring. `workload` is a preset or file.py:build."""
+              estimate: bool = True, count_ops: bool = True, prediction: Any = None) -> TrialResult:
+    """Measure `config` for real; see the module docstring. `workload` is a preset or file.py:build. `prediction`:
+    the estimate the caller made of this config on this hardware (the tuner's, which decided to launch it; a
+    MemoryEstimate, or a LayoutEstimate for tp/pp), recorded instead of estimating again."""
     t0 = time.monotonic()
     wargs = dict(workload_args or {})
     budget = budget or TrialBudget()
@@ -296,8 +298,11 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
         # at most half of what is left of the trial's time: the rest is the measurement's
         left = budget.timeout_s - (time.monotonic() - t0)
         predict = _estimate_ranks if layout.parallel else _estimate
-        prediction, note = (predict(workload, wargs, config, hw, max(1.0, left / 2), budget.memory_cap_bytes)
-                            if estimate else (None, None))
+        if prediction is not None:  # the caller's stands: a layout's or a workload file's is never reused (seconds)
+            note = None
+        else:
+            prediction, note = (predict(workload, wargs, config, hw, max(1.0, left / 2), budget.memory_cap_bytes)
+                                if estimate else (None, None))
         server.wait_ready()  # before the look for quiet, which would count its imports as others' work
         busy_note, base["others_busy"] = _settle(budget)
         notes = [n for n in (note, busy_note) if n]

@@ -8,7 +8,7 @@ import json
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from advisor.errors import EstimateError, SpecError, TrialError, WorkloadFailed
 from advisor.hardware.spec import HardwareSpec
@@ -38,6 +38,18 @@ class Feasibility(BaseModel):
     usable_bytes: int | None = Field(default=None, description="Device memory less the margin (bytes).")
     max_batch_size: int | None = Field(default=None,
                                        description="Largest batch the estimate fits with these knobs (samples).")
+    _estimate: Any = PrivateAttr(default=None)
+
+    @property
+    def estimate(self) -> Any:
+        """The MemoryEstimate (one device) or LayoutEstimate (tp/pp) the decision rests on, for the trial to record
+        as its prediction instead of estimating again; None where there is none. Not part of the model's dump."""
+        return self._estimate
+
+    def resting_on(self, estimate: Any) -> "Feasibility":
+        """This decision, holding `estimate`."""
+        self._estimate = estimate
+        return self
 
 
 class _Cache:
@@ -140,7 +152,7 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
         reason = (f"predicted {need / GiB:.2f} GiB{ranks} exceeds {est.usable_bytes / GiB:.2f} GiB usable "
                   f"({est.device_memory_bytes / GiB:.2f} GiB less the margin); {largest}")
     return Feasibility(launch=launch, reason=reason, total_bytes=est.total_bytes, runtime_bytes=est.runtime_bytes,
-                       usable_bytes=est.usable_bytes, max_batch_size=est.max_batch_size)
+                       usable_bytes=est.usable_bytes, max_batch_size=est.max_batch_size).resting_on(est)
 
 
 def _decide_layout(workload: "Workload | str", workload_args: dict[str, Any] | None, hardware: HardwareSpec,
@@ -175,7 +187,7 @@ def _decide_layout(workload: "Workload | str", workload_args: dict[str, Any] | N
         reason = (f"predicted {need / GiB:.2f} GiB on {where} exceeds {est.usable_bytes / GiB:.2f} GiB usable "
                   f"({est.device_memory_bytes / GiB:.2f} GiB less the margin)")
     return Feasibility(launch=launch, reason=f"{reason}; layout {layout.label()}", total_bytes=peak.total_bytes,
-                       runtime_bytes=est.runtime_bytes, usable_bytes=est.usable_bytes)
+                       runtime_bytes=est.runtime_bytes, usable_bytes=est.usable_bytes).resting_on(est)
 
 
 class OomFrontier:

@@ -225,6 +225,7 @@ class _Budget:
         self.repeats = 0  # trials of this run that measured a configuration again
         self.reason: str | None = None
         self.trial_s = 0.0  # wall time of the trials measured in this run (s)
+        self.estimate_s = 0.0  # time their memory estimates took before them (s)
         self.started = time.monotonic()
 
     def observe(self, result: dict[str, Any]) -> None:
@@ -235,6 +236,7 @@ class _Budget:
             return
         self.seen.add(rid)
         self.trial_s += result.get("trial_wall_s", 0.0)  # 0 for a reused measurement
+        self.estimate_s += result.get("estimate_s", 0.0)
         value = result.get("objective", 0.0)
         if result.get("repeat"):
             self.repeats += 1  # a leader measured again: neither a find nor a miss for the patience
@@ -431,6 +433,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
              if config_hash(c) not in done][:max(0, remaining - len(queued))]
     queued += seeds
     stats = {"interrupted": interrupted, "retried": len(retries), "resumed_from": len(done), "planned": len(seeds)}
+    stats["start_s"] = time.monotonic() - t0  # Ray's start, the workload's load, the store (overlapping)
     try:
         if remaining:
             # a local Ray's trials fork through this process's servers: the trial server's imports start now, beside
@@ -439,7 +442,9 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
             stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result))
     finally:
         if started:
+            stopping = time.monotonic()
             _shutdown_ray()
+            stats["stop_s"] = time.monotonic() - stopping
     store.finish_study(study.id)
     return summarize_study(store, study.id, base, ctx, stats, time.monotonic() - t0)
 
@@ -515,7 +520,8 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
         _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=search,
              num_samples=len(queued) + remaining * DUPLICATE_FACTOR)
         return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
-                "ray_trials": callback.count, "trial_s": budget.trial_s, "measured": len(budget.seen),
+                "ray_trials": callback.count, "trial_s": budget.trial_s, "estimate_s": budget.estimate_s,
+                "measured": len(budget.seen),
                 "confirmed": budget.repeats, "redrawn": search.redrawn}
     finally:
         search.close()

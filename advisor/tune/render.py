@@ -41,6 +41,7 @@ def summary_table(s: TuneSummary) -> None:
         overhead = (s.wall_s - s.trial_s) / s.wall_s
         console.print(f"this run: {s.wall_s:.0f} s, of which {s.stats.get('measured', 0)} measured trials "
                       f"{s.trial_s:.0f} s (orchestration {overhead:.0%})")
+        console.print(f"the rest: {_rest(s)}")
     else:
         console.print(f"this run: {s.wall_s:.0f} s, nothing new measured")
     for key in ("resumed_from", "interrupted", "retried"):
@@ -56,3 +57,11 @@ def summary_table(s: TuneSummary) -> None:
     if s.best is not None:
         console.print(f"export the best: advisor results export --trial {s.best.record.id} "
                       "--format python|json|torchrun")
+
+
+def _rest(s: TuneSummary) -> str:
+    """Where a run's time outside its measured trials went (s)."""
+    start, estimates, stop = (s.stats.get(k, 0.0) for k in ("start_s", "estimate_s", "stop_s"))
+    tune = max(0.0, s.wall_s - s.trial_s - start - estimates - stop)
+    return (f"start {start:.1f} s (Ray beside loading the workload), memory estimates {estimates:.1f} s, "
+            f"Ray Tune and the store {tune:.1f} s, Ray's stop {stop:.1f} s")

@@ -92,8 +92,9 @@ class TunerGone(Exception):
     run starting beside the trial, may have taken the CPU from it."""
 
 
-def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRecord:
-    """Prune by the OOM frontier and the estimate, else run the trial; store what happened."""
+def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> tuple[TrialRecord, float]:
+    """Prune by the OOM frontier and the estimate, else run the trial; store what happened. Returns the record and
+    the seconds the estimate took."""
     from advisor.hardware import get_hardware
     from advisor.store.sql import owner_gone
     from probes.runner import run_trial
@@ -102,20 +103,23 @@ def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> TrialRe
     req = ctx.request
     blocked = _oom_block(store, ctx, config)
     if blocked:
-        return store.prune_trial(claim, blocked)
+        return store.prune_trial(claim, blocked), 0.0
     hw = get_hardware(req.hardware)
     # the estimate gets half the trial's time at most: a workload that hangs while traced is the trial's to measure
+    t0 = time.monotonic()
     feas = feasibility(req.workload, req.workload_args, hw, config, req.margin, req.trial_budget.timeout_s / 2)
-    estimate = feas.model_dump(mode="json")
+    estimate_s, estimate = time.monotonic() - t0, feas.model_dump(mode="json")
     if not feas.launch:
-        return store.prune_trial(claim, feas.reason, estimate=estimate, predicted_memory_bytes=feas.total_bytes)
-    result = run_trial(req.workload, config, hardware=hw, workload_args=req.workload_args, budget=req.trial_budget)
+        return store.prune_trial(claim, feas.reason, estimate=estimate,
+                                 predicted_memory_bytes=feas.total_bytes), estimate_s
+    result = run_trial(req.workload, config, hardware=hw, workload_args=req.workload_args, budget=req.trial_budget,
+                       prediction=feas.estimate)
     if owner_gone(ctx.owner):  # known for a tuner on this host only
         raise TunerGone(f"the tuner {ctx.owner} that claimed this trial ended while it ran")
     rec = store.finish_trial(claim, result, estimate=estimate)
     if result.ok:
         store.update_best(ctx.workload_fp, ctx.hardware_fp, ctx.objective, rec.id)
-    return rec
+    return rec, estimate_s
 
 
 def evaluate(ctx: StudyContext, config_json: str | None, *, repeat: bool = False) -> dict[str, Any]:
@@ -145,7 +149,8 @@ def evaluate(ctx: StudyContext, config_json: str | None, *, repeat: bool = False
             if prev.status == RecordStatus.ok:
                 store.update_best(ctx.workload_fp, ctx.hardware_fp, ctx.objective, rec.id)
             return {**metrics_of(rec, ctx, reused=True), **marks}
-        return {**metrics_of(_measure(store, ctx, claim, config), ctx, reused=False), **marks}
+        rec, estimate_s = _measure(store, ctx, claim, config)
+        return {**metrics_of(rec, ctx, reused=False), "estimate_s": estimate_s, **marks}
     except TunerGone:
         return _nothing(ctx, "interrupted")
     except Exception as exc:  # noqa: BLE001 - a bug of ours in one trial is that trial's error, not the study's end

@@ -315,3 +315,24 @@ def test_bad_input_raises_before_launching():
         run_trial("tiny-mlp", {"batch": 3}, hardware="cpu")
     with pytest.raises(SpecError, match="num_workers"):
         run_trial("tiny-mlp", {"persistent_workers": True}, hardware="cpu")
+
+
+def test_a_trial_records_the_estimate_its_launch_rested_on_and_makes_none_of_its_own(tmp_path, monkeypatch):
+    # The tuner launches a configuration on an estimate (search_spaces.feasibility) and hands it to the trial. A
+    # workload file's estimate is never reused (the file may change), so the trial would load and trace it again.
+    from advisor import isolation
+    from advisor.hardware import get_hardware
+    from advisor.trial import TrainingConfig
+    from search_spaces import feasibility
+
+    hw, wargs = get_hardware("cpu"), {"out_dir": str(tmp_path)}
+    feas = feasibility(RECORDER, wargs, hw, TrainingConfig(batch_size=4), None)
+    assert feas.launch and feas.estimate.total_bytes == feas.total_bytes and "estimate" not in feas.model_dump()
+    made: list[tuple] = []
+    estimate = isolation.estimate
+    monkeypatch.setattr(isolation, "estimate", lambda *a, **k: made.append(a) or estimate(*a, **k))
+    given = run_trial(RECORDER, {"batch_size": 4}, hardware=hw, workload_args=wargs, budget=QUICK,
+                      prediction=feas.estimate)
+    assert given.status == TrialStatus.ok and given.predicted_memory_bytes == feas.total_bytes and made == []
+    alone = run_trial(RECORDER, {"batch_size": 4}, hardware=hw, workload_args=wargs, budget=QUICK)
+    assert alone.status == TrialStatus.ok and len(made) == 1 and alone.predicted_memory_bytes > 0

@@ -54,10 +54,19 @@ def stored(db: str):
         return store.query_trials(TrialQuery(sort="id"))
 
 
-def test_tune_measures_stores_and_resumes(data_dir):
+def test_tune_measures_stores_and_resumes(data_dir, capsys):
     db = f"sqlite:///{data_dir / 'advisor.db'}"
     first = run_tune(data_dir, db, "--trials", "3")
     assert first["statuses"] == {"ok": 3}
+    # where the run's time went besides its measured trials: parts that add up to no more than the run
+    st = first["stats"]
+    assert min(st["start_s"], st["estimate_s"], st["stop_s"], first["trial_s"]) > 0
+    assert st["start_s"] + st["estimate_s"] + first["trial_s"] + st["stop_s"] <= first["wall_s"]
+    from advisor.tune.render import summary_table
+    from advisor.tune.summary import TuneSummary
+
+    summary_table(TuneSummary.model_validate(first))
+    assert f"memory estimates {st['estimate_s']:.1f} s" in capsys.readouterr().out
     assert first["baseline"] is not None  # PyTorch defaults: batch 8 (the preset's), fp32, no workers
     assert first["baseline"]["config"]["batch_size"] == 8 and first["baseline"]["config"]["precision"] == "fp32"
     values = [t["value"] for t in first["top"]]
