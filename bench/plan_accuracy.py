@@ -281,8 +281,9 @@ def markdown(report: dict) -> str:
         "plan's predicted throughput is at least the mesh's (both in pure bf16; the mesh with the planner's choice of",
         "data-parallel strategy). Where the published mesh does not fit, the advisor's program needs more memory than",
         "the published run did (torch's pipeline schedules keep a receive buffer per micro-batch and stage, and the",
-        "interleaved schedule keeps its sends until the step ends: docs/planner.md), or the mesh is one it does not",
-        "run. Against the published runs' measured throughput (the fastest where a run is published more than once),",
+        "interleaved schedule keeps its sends until the step ends; under sequence parallelism each block keeps the",
+        "all-gathered inputs of its projections, where Megatron-LM gathers them again in backward: docs/planner.md),",
+        "or the mesh is one it does not run. Against the published runs' measured throughput (the fastest where a run is published more than once),",
         f"the top plan fits with a predicted throughput at least as high for {measured} of {len(plans)}.",
         "Where the plans differ, the part of the step the top plan saves most on:"]), "",
               "| model | GPUs | batch | published mesh | measured tokens/s/GPU | priced | run by the advisor "
