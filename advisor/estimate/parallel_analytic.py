@@ -160,8 +160,7 @@ def _stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, checkpoin
         head=_ends_saved(arch, d, False, True) - _ends_saved(arch, d, False, False) if last else 0,
         head_grad=out_rows * arch.hidden * d.r * last,
         embed_grad=sum(embeddings) * arch.hidden * d.r,
-        grad_extra=sum(embeddings) * arch.hidden * d.r - sum(a * b for a, b in root[: len(embeddings)]) * d.r,
-        buffers=layout.n_microbatches * d.b * d.s * arch.hidden * d.r * ((not first) + (not last)) * d.pp)
+        grad_extra=sum(embeddings) * arch.hidden * d.r - sum(a * b for a, b in root[: len(embeddings)]) * d.r)
 
 
 def _layer_saved(arch: DecoderArch, d: RankDims) -> int:
@@ -193,8 +192,9 @@ def _norm_keeps_input(arch: DecoderArch, d: RankDims) -> bool:
 def _ends_saved(arch: DecoderArch, d: RankDims, first: bool, last: bool, checkpointed: bool = False) -> int:
     """Bytes per micro-batch a stage saves beyond its blocks: RoPE's tables (each stage's forward makes them), the
     head (final norm, the output layer's input, the fp32 log-softmax of this rank's logits, and under pp the logits
-    waiting for backward), a stage's output waiting for its backward (pp); less the input a later stage receives
-    into a kept buffer where the first block saves that tensor itself (`checkpointed`: its checkpoint does)."""
+    waiting for backward), a stage's output waiting for its backward (pp), and the input a later stage received,
+    held for its backward, where its first block keeps only an fp32 copy of it (where the block saves the input
+    itself, or its checkpoint does (`checkpointed`), the block's bytes count it)."""
     h, tokens, local = arch.hidden, d.b * d.T, d.b * d.s
     out = 0 if arch.learned_positions else 2 * d.T * (h // arch.heads) * F32
     if first and arch.learned_positions:
@@ -204,8 +204,8 @@ def _ends_saved(arch: DecoderArch, d: RankDims, first: bool, last: bool, checkpo
         out += logits(arch, d) * (F32 + (d.c if d.pp else 0))
     elif d.pp:
         out += local * h * d.r
-    if d.pp and not first and (checkpointed or _norm_keeps_input(arch, d)):
-        out -= local * h * d.r
+    if d.pp and not first and not (checkpointed or _norm_keeps_input(arch, d)):
+        out += local * h * d.r  # the input it received, beside the fp32 copy its first norm keeps
     return out
 
 

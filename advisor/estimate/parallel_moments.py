@@ -72,7 +72,6 @@ class StageFigures:
     first_block: int  # bytes a micro-batch keeps as its backward reaches the stage's first block
     per_layer: int  # bytes a block keeps per micro-batch (its input alone when checkpointed)
     grad_extra: int  # gradient bytes beyond the local parameters': tp's embeddings get whole-table gradients
-    buffers: int  # pipeline receive buffers, kept across steps (bytes)
     frozen_units: tuple[tuple[tuple[int, int], ...], ...] = ()  # per unit, its frozen parameters' shapes (fine-tune)
 
 
@@ -166,7 +165,7 @@ class RankMemory:
         self.freed = sum((st.layers - 1) * st.block_linear for st in recomputed) * d.c * (d.autocast and not d.pp)
         ddp = layout.strategy in (Strategy.ddp, Strategy.zero1) and layout.grad_ranks > 1
         self.buckets = sum(self.g_whole) if ddp else 0  # DDP's gradient buckets (zero1: DDP + ZeRO's optimizer)
-        self.kept = batch_size * (arch.seq_len + 1) * 8 + sum(st.buffers for st in stages)  # token ids, pp buffers
+        self.kept = batch_size * (arch.seq_len + 1) * 8  # token ids
         self.held = knobs.grad_accum > 1  # the last micro-step of a step starts with the others' gradients
         # parameters at rest, gradients at the step, optimizer state (bytes), wherever offload keeps them
         self.at_rest = (self.params, self._grads(final=True), self.state)
@@ -274,10 +273,12 @@ class RankMemory:
         block = st.block_bwd[again]
         if self.zero3 and self.d.pp and not self.gathered[i]:  # the last block gathered, the next one's prefetched
             block += self.units[i][-2 if len(self.units[i]) > 1 else -1] + self._gather_buffer(i) * (1 + self.d.gloo)
-        out = [self._now(acts, st.head_bwd if st.last else block, freed=self.freed)]
+        # a later stage's backward starts holding the gradient of its output, received (pipeline.LeanStage)
+        grad_in = self.d.b * self.d.s * self.arch.hidden * self.d.r * self.d.pp * (not st.last)
+        out = [self._now(acts + grad_in, st.head_bwd if st.last else block, freed=self.freed)]
         if st.last:
             out += self._head_backward(i, acts)
-        out.append(self._first_block(i, again))
+        out.append(self._first_block(i, again, grad_in))
         if self.zero3 and not self.d.pp and len(self.units[i]) > 2:
             out.append(self._second_block(i, again))
         self.inflight[i] -= 1
@@ -289,12 +290,12 @@ class RankMemory:
         out.append(self._now(self._acts(), end * again, copies=self.d.pp))
         return out
 
-    def _first_block(self, i: int, again: bool) -> dict[str, int]:
+    def _first_block(self, i: int, again: bool, grad_in: int = 0) -> dict[str, int]:
         """As a micro-batch's backward reaches the stage's first block: the later blocks' and the head's gradients
         made (every gradient of the stage after its first backward), that block's saved tensors (recomputed under
         checkpointing) and its backward's temporaries. ZeRO-3 without pp holds the root and the block gathered."""
         st, units = self.stages[i], self.units[i]
-        acts = self._acts() - st.saved + st.first_block
+        acts = self._acts() - st.saved + st.first_block + grad_in
         unsharded = 0
         if self.fsdp and not self.d.pp:
             unsharded = units[-1] + units[0] * (len(units) > 1) if self.zero3 else sum(units)

@@ -171,8 +171,7 @@ def tuned_stage(arch: DecoderArch, layout: Layout, d: RankDims, index: int, chec
                    recompute + _block_backward(arch, d, False, weights)),
         log_softmax=logits(arch, d) * F32 * last, head=head,
         head_grad=rows * h * d.pw * output_trains,
-        embed_grad=embed_grad, grad_extra=embed_grad - local_tables * d.pw,
-        buffers=layout.n_microbatches * d.b * d.s * h * d.r * ((not first) + (not last)) * d.pp)
+        embed_grad=embed_grad, grad_extra=embed_grad - local_tables * d.pw)
 
 
 def _flows_into(arch: DecoderArch, d: RankDims, tuning: Tuning, layer: int) -> bool:

@@ -45,6 +45,67 @@ class DecoderStage(nn.Module):
         return dec.head(x) if self.last else x
 
 
+def _lean_stage_class() -> type:
+    """LeanStage, made on first use (torch.distributed.pipelining imports at once)."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.stage import PipeliningMetadataError, _make_tensor_from_meta, _RecvInfo
+
+    class LeanStage(PipelineStage):
+        """torch's PipelineStage, each receive buffer made as its receive is posted and let go once its micro-batch's
+        backward ran. torch's own keeps one per micro-batch and stage, for activations and for gradients, from the
+        first step to the last: with 64 micro-batches over 12 virtual stages a rank, over 10 GiB on GPT-3 175B's
+        published mesh (docs/planner.md)."""
+
+        def _setup_forward_recv_info(self, num_microbatches: int, has_backward: bool) -> None:
+            if self.is_first:  # the root inputs: no buffers
+                super()._setup_forward_recv_info(num_microbatches, has_backward)
+                return
+            super()._setup_forward_recv_info(0, has_backward)  # checks the metadata
+            source = self.stage_index - 1
+            for chunk in range(num_microbatches):
+                self.args_recv_info[chunk] = tuple(
+                    _RecvInfo(f"recv_for_{self.stage_index}_from_{source}", source, None, meta)
+                    for meta in self._stage_meta.inputs)
+
+        def _create_grad_recv_info(self, act_send_info: dict) -> tuple:
+            if self.is_last:
+                return ()
+            grads = self._stage_meta.output_grads
+            if grads is None:
+                raise PipeliningMetadataError(f"Stage {self.stage_index}: no output_grads metadata")
+            return tuple(_RecvInfo(f"recv_grad_for_{self.stage_index}_from_{dst[0]}", dst[0], None, grads[idx])
+                         for idx, dst in act_send_info.items())
+
+        def _made(self, infos: tuple) -> None:
+            for info in infos:
+                if not info.is_root_arg and info.buffer is None and info.tensor_meta is not None:
+                    info.buffer = _make_tensor_from_meta(info.tensor_meta, self.device)
+
+        def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list:
+            self._made(self.args_recv_info[fwd_chunk_id])
+            return super().get_fwd_recv_ops(fwd_chunk_id)
+
+        def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list:
+            if self.has_backward and not self.is_last:
+                self._made(self.grad_recv_info[bwd_chunk_id])
+            return super().get_bwd_recv_ops(bwd_chunk_id)
+
+        def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> None:
+            outputs = self.fwd_cache.get(bwd_chunk_id, ((),))[0]
+            loss = kwargs.get("loss", args[0] if args else None)
+            super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+            for info in (*self.args_recv_info.get(bwd_chunk_id, ()), *self.grad_recv_info.get(bwd_chunk_id, ())):
+                if not info.is_root_arg:
+                    info.buffer = None  # the micro-batch's input and its output's gradient: used
+            # The loss the schedule keeps until the step ends, and an output a held send still holds, would keep
+            # their spent graph, down to the received input it accumulated a gradient into: cut from it.
+            for t in (*(outputs if isinstance(outputs, tuple) else (outputs,)), loss):
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None and not t._is_view():
+                    t.detach_()
+
+    return LeanStage
+
+
 def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
     """The stages pipeline rank `pp_rank` holds (looped placement: r, r + pp, ...)."""
     return [pp_rank + v * layout.pp for v in range(layout.virtual_stages)]
@@ -72,7 +133,9 @@ def make_schedule(stages: list[nn.Module], layout: Layout, *, pp_rank: int, grou
     Stage inputs and outputs are given by shape, so no rank infers them from a run: micro-batch x seq_len token
     ids into the first stage, micro-batch x seq_len / tp_shards x hidden states between stages, logits out of the
     last."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    lean = _lean_stage_class()
 
     tokens = seq_len // tp_shards
     hidden_state = torch.empty(microbatch, tokens, hidden, dtype=hidden_dtype, device=device)
@@ -85,7 +148,7 @@ def make_schedule(stages: list[nn.Module], layout: Layout, *, pp_rank: int, grou
         out = logits if s == layout.stages - 1 else hidden_state
         last = s == layout.stages - 1
         # gradients: of the hidden states a stage received (none for token ids), and of what it sent on
-        pipe.append(PipelineStage(module, s, layout.stages, device, input_args=(inp,), output_args=(out,),
+        pipe.append(lean(module, s, layout.stages, device, input_args=(inp,), output_args=(out,),
                                   input_grads=(None if s == 0 else hidden_state,),
                                   output_grads=(None if last else hidden_state,), group=group))
     n = layout.n_microbatches
