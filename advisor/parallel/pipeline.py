@@ -7,6 +7,7 @@ gradients come back. Rank r of the pipeline holds stages r, r + pp, ... (one, or
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -45,8 +46,9 @@ class DecoderStage(nn.Module):
         return dec.head(x) if self.last else x
 
 
+@functools.cache
 def _lean_stage_class() -> type:
-    """LeanStage, made on first use (torch.distributed.pipelining imports at once)."""
+    """LeanStage, made once: this module imports torch.distributed.pipelining only when a schedule is made."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.stage import PipeliningMetadataError, _make_tensor_from_meta, _RecvInfo
 
@@ -149,8 +151,8 @@ def make_schedule(stages: list[nn.Module], layout: Layout, *, pp_rank: int, grou
         last = s == layout.stages - 1
         # gradients: of the hidden states a stage received (none for token ids), and of what it sent on
         pipe.append(lean(module, s, layout.stages, device, input_args=(inp,), output_args=(out,),
-                                  input_grads=(None if s == 0 else hidden_state,),
-                                  output_grads=(None if last else hidden_state,), group=group))
+                         input_grads=(None if s == 0 else hidden_state,),
+                         output_grads=(None if last else hidden_state,), group=group))
     n = layout.n_microbatches
     if layout.schedule == PipelineSchedule.interleaved_1f1b:
         return ScheduleInterleaved1F1B(pipe, n, loss_fn=loss_fn)
