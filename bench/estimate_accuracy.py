@@ -452,6 +452,14 @@ def source_fingerprint() -> dict[str, Any]:
     return {"advisor_dir": where, "sha256": h.hexdigest()[:16], "git_head": git_head}
 
 
+def source_state() -> dict[str, Any]:
+    """source_fingerprint, and whether the checkout has uncommitted changes to tracked files (an untracked link to a
+    virtual environment in a bench's own clone is none)."""
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                            cwd=ROOT, check=False)
+    return {**source_fingerprint(), "dirty": bool(status.stdout.strip())}
+
+
 def with_unreached(walked: list[dict[str, Any]], kept: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The cases a --resume run has walked, then those kept from --out (by key) it has not reached: what its
     file holds, so a run stopped part way (killed, or by --budget-s) keeps

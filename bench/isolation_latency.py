@@ -24,7 +24,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -208,12 +207,9 @@ def markdown(res: dict[str, Any]) -> str:
 def meta(argv: list[str], warm: int) -> dict[str, Any]:
     from importlib.metadata import version
 
-    from bench.estimate_accuracy import _load_avg, machine, source_fingerprint
+    from bench.estimate_accuracy import _load_avg, machine, source_state
 
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT, check=False).stdout.strip()
-
-    source = {**source_fingerprint(), "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    source = source_state()
     return {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu_count": os.cpu_count(), "torch": version("torch"),
             "python": platform.python_version(), "warm": warm, "argv": argv,
             "command": " ".join([".venv/bin/python", "bench/isolation_latency.py", *argv]),

@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,12 +61,9 @@ def run_case(label: str, args: list[str], goal_s: float, repeats: int) -> dict[s
 
 
 def meta(argv: list[str]) -> dict[str, Any]:
-    from bench.estimate_accuracy import _load_avg, machine, source_fingerprint
+    from bench.estimate_accuracy import _load_avg, machine, source_state
 
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT, check=False).stdout.strip()
-
-    source = {**source_fingerprint(), "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    source = source_state()
     return {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "argv": argv,
             "command": " ".join([".venv/bin/python", "bench/plan_speed.py", *argv]),

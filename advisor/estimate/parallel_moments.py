@@ -166,6 +166,7 @@ class RankMemory:
         ddp = layout.strategy in (Strategy.ddp, Strategy.zero1) and layout.grad_ranks > 1
         self.buckets = sum(self.g_whole) if ddp else 0  # DDP's gradient buckets (zero1: DDP + ZeRO's optimizer)
         self.kept = batch_size * (arch.seq_len + 1) * 8  # token ids
+        self.hidden = d.b * d.s * arch.hidden * d.r * d.pp  # one micro-batch's hidden states a stage sends (pp)
         self.held = knobs.grad_accum > 1  # the last micro-step of a step starts with the others' gradients
         # parameters at rest, gradients at the step, optimizer state (bytes), wherever offload keeps them
         self.at_rest = (self.params, self._grads(final=True), self.state)
@@ -226,10 +227,9 @@ class RankMemory:
     def _touch(self, i: int) -> None:
         """Stage i's counts changed: its shares, and their sums, again."""
         st, k, fwd, bwd = self.stages[i], self.inflight[i], self.forwards[i], self.backwards[i]
-        hidden = self.d.b * self.d.s * self.arch.hidden * self.d.r * self.d.pp
         grads = min(bwd, 1) if self.layout.schedule == PipelineSchedule.one_f_one_b else bwd
         outputs = fwd - k if self.layout.schedule == PipelineSchedule.interleaved_1f1b else 0
-        acts = st.saved * k + hidden * (grads * (not st.first) + outputs * (not st.last))
+        acts = st.saved * k + self.hidden * (grads * (not st.first) + outputs * (not st.last))
         share = (acts, self._stage_grads(i, final=False), self.whole[i] if self.gathered[i] else 0)
         self.sums = [total - old + new for total, old, new in zip(self.sums, self.shares[i], share)]
         self.shares[i] = share
@@ -274,7 +274,7 @@ class RankMemory:
         if self.zero3 and self.d.pp and not self.gathered[i]:  # the last block gathered, the next one's prefetched
             block += self.units[i][-2 if len(self.units[i]) > 1 else -1] + self._gather_buffer(i) * (1 + self.d.gloo)
         # a later stage's backward starts holding the gradient of its output, received (pipeline.LeanStage)
-        grad_in = self.d.b * self.d.s * self.arch.hidden * self.d.r * self.d.pp * (not st.last)
+        grad_in = self.hidden * (not st.last)
         out = [self._now(acts + grad_in, st.head_bwd if st.last else block, freed=self.freed)]
         if st.last:
             out += self._head_backward(i, acts)

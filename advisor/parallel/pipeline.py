@@ -78,18 +78,18 @@ def _lean_stage_class() -> type:
             return tuple(_RecvInfo(f"recv_grad_for_{self.stage_index}_from_{dst[0]}", dst[0], None, grads[idx])
                          for idx, dst in act_send_info.items())
 
-        def _made(self, infos: tuple) -> None:
+        def _make_buffers(self, infos: tuple) -> None:
             for info in infos:
                 if not info.is_root_arg and info.buffer is None and info.tensor_meta is not None:
                     info.buffer = _make_tensor_from_meta(info.tensor_meta, self.device)
 
         def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list:
-            self._made(self.args_recv_info[fwd_chunk_id])
+            self._make_buffers(self.args_recv_info[fwd_chunk_id])
             return super().get_fwd_recv_ops(fwd_chunk_id)
 
         def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list:
             if self.has_backward and not self.is_last:
-                self._made(self.grad_recv_info[bwd_chunk_id])
+                self._make_buffers(self.grad_recv_info[bwd_chunk_id])
             return super().get_bwd_recv_ops(bwd_chunk_id)
 
         def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> None:
