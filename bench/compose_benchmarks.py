@@ -455,9 +455,10 @@ def md_sections() -> list[str]:
          "Goals: the tuner's best ≥ 95% of the grid's best (median over seeds) with ≤ 25% of the grid's trials; "
          "tuning wall time ≤ 1.2 x the sum of the trials' wall times."),
         ("The tuner beside other work", "tune-load", None,
-         "What the trials measure, and how long the run takes, quiet and beside a busy process, with the trials at "
-         "niceness 0 (the tuner's default) and at Ray's default of 15. No goal: a trial on a busy host is no "
-         "measurement, and the tuner waits for quiet (`settle_s`) and says when it never came."),
+         "What the trials measure, and how long the run takes, quiet and beside a busy process, with the trials run "
+         "by Ray Tune (`--executor ray`) at niceness 0 (the tuner's default) and at Ray's default of 15. No goal: "
+         "a trial on a busy host is no measurement, and the tuner waits for quiet (`settle_s`) and says when it "
+         "never came."),
         ("HTTP API under load", "api_load", None,
          "`POST /v1/recommend` answered from stored results to 200 concurrent clients over loopback, against "
          "`advisor serve` in its own process. The answers come from a cache in front of the app keyed by the "

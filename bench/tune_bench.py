@@ -14,7 +14,7 @@ machine (amd, intel, intel-amx: the knobs' effects differ between them, so each 
 SQLite store (bench/results/tune-CPU.db, tune-quick.db with --quick) is created afresh each run
 (--keep-grids keeps it and the grids measured in it): the brute-force study measures the grid, and
 the seeded studies after it replay those measurements (the store reuses a configuration measured
-for the same workload, hardware and software), so each seed costs Ray's start-up and no new trials.
+for the same workload, hardware and software), so each seed costs the tuner's start and no new trials.
 Goals: the tuner's best >= 95% of the grid's best (median over seeds) with <= 25% of the grid's trials;
 tuning wall time <= 1.2x the sum of the trials' wall times (orchestration overhead <= 20%).
 """

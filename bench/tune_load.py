@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The tuner on a host with other work on it: what the trials measure, and how long the run takes,
-quiet and beside busy processes, with the trials at niceness 0 (the tuner's default) and at Ray's
-own default of 15 (RAY_worker_niceness).
+quiet and beside busy processes, with the trials run by Ray Tune (`--executor ray`: an inline run has
+no Ray workers) at niceness 0 (the tuner's default) and at Ray's own default of 15 (RAY_worker_niceness).
 
     .venv/bin/python bench/tune_load.py [--load 1] [--trials 4] [--out bench/results/tune-load.json]
 
@@ -39,7 +39,7 @@ def run_scenario(loops: int, niceness: str, trials: int) -> dict[str, Any]:
     env = {**os.environ, "ADVISOR_DATA_DIR": str(data), "RAY_worker_niceness": niceness}
     cmd = [sys.executable, "-m", "advisor.cli", "tune", "-w", "tiny-gpt2", "-a", "seq_len=128", "-H", "cpu",
            "--space", str(SPACE), "--sampler", "brute-force", "--trials", str(trials), "--min-time", "1",
-           "--db", db, "--json"]
+           "--executor", "ray", "--db", db, "--json"]
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(loops)]
     t0 = time.monotonic()
     try:

@@ -47,7 +47,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 def _send(client: int, msg: dict[str, Any]) -> None:
     line = (json.dumps(msg) + "\n").encode()
     if client == OWNER:
-        os.write(1, line)
+        try:
+            os.write(1, line)
+        except OSError:  # the owner is gone (it may exit while the server imports): so is what it forked
+            _stop_children()
     elif client in _CLIENTS:
         try:
             _CLIENTS[client].sendall(line)

@@ -6,11 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from advisor.tune.request import SAMPLERS
+from advisor.tune.request import EXECUTORS, SAMPLERS
 
 
 def add_parser(sub: argparse._SubParsersAction, add_workload_args, positive_int) -> None:  # noqa: ANN001
-    p = sub.add_parser("tune", help="search the knobs with measured trials (Optuna through Ray Tune); resumable")
+    p = sub.add_parser("tune", help="search the knobs with measured trials (Optuna's samplers; Ray Tune for trials "
+                                    "side by side or on a cluster); resumable")
     add_workload_args(p)
     p.add_argument("--space", default="quick", help="search space: quick, default, exhaustive, tiny, or a YAML file")
     p.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
@@ -31,6 +32,10 @@ def add_parser(sub: argparse._SubParsersAction, add_workload_args, positive_int)
     p.add_argument("--study", default=None, help="study name (default: derived from the arguments, so a rerun resumes)")
     p.add_argument("--db", default=None, help="database URL (default: SQLite in the data dir; ADVISOR_DATABASE_URL)")
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start one locally)")
+    p.add_argument("--executor", choices=EXECUTORS, default="auto",
+                   help="what runs the trials: ray (Ray Tune's trial runner, on a local Ray or --ray-address's "
+                        "cluster) or inline (one at a time from this process, without Ray); auto (default): inline "
+                        "where trials run one at a time on this host (a CPU, or one device per node), else ray")
     p.add_argument("--remeasure", action="store_true", help="measure again what the store already has")
     p.add_argument("--confirm", type=int, default=None, metavar="N",
                    help="trials of the budget kept to measure the leading configurations again, so that the best is "
@@ -61,7 +66,8 @@ def _request(args: argparse.Namespace):
                            hardware=args.hardware, space=args.space, fixes=parse_fixes(args.fix),
                            objective=args.objective, global_batch_size=args.global_batch_size, sampler=args.sampler,
                            trials=args.trials, time_budget_s=args.time_budget, patience=args.patience, seed=args.seed,
-                           study=args.study, db=args.db, ray_address=args.ray_address, remeasure=args.remeasure,
+                           study=args.study, db=args.db, ray_address=args.ray_address, executor=args.executor,
+                           remeasure=args.remeasure,
                            confirm=args.confirm, trial_budget=budget)
     except ValidationError as exc:
         raise invalid_input(exc, {"confirm": "--confirm", "min_time_s": "--min-time", "timeout_s": "--trial-timeout",
@@ -90,7 +96,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     columns = (TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
     with Progress(*columns, console=console, transient=True) as progress:  # the table follows it
-        task = progress.add_task("starting (Ray, the store, the baseline)", total=req.trials)
+        task = progress.add_task("starting (the workload, the store, the baseline)", total=req.trials)
 
         def on_result(result: dict[str, Any], done: int, total: int) -> None:
             if result.get("status") == "ok" and (best["value"] is None or result["objective"] > best["value"]):

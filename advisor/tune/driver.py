@@ -1,4 +1,5 @@
-"""`run_tune`: Optuna samplers driven through Ray Tune's OptunaSearch over measured trials.
+"""`run_tune`: Optuna samplers driven through Ray Tune's OptunaSearch over measured trials, run one at a time by
+this process (inline) or by Ray Tune's trial runner (side by side on a node's GPUs, or on a cluster).
 
 The study lives in our store and, for the sampler, in Optuna's RDB storage in the same database
 (optuna-dashboard opens it). A rerun after a crash or SIGKILL continues the same study: Optuna
@@ -399,20 +400,26 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
              on_study: Callable[[Any], None] | None = None) -> TuneSummary:
     """Tune `req.workload` on `req.hardware`; see the module docstring. Returns the study's summary.
     `on_result(result, done, total)` after each trial; `on_study(StudyRecord)` once the study is open."""
+    from advisor.isolation.pool import default_pool
     from advisor.store import config_hash
     from advisor.tune.seeds import planner_seeds
 
     t0 = time.monotonic()
+    default_pool().warm()  # the workload loads in its worker: its server's imports (seconds) start first
     req = req.absolute()
-    _check_target(req)  # a wrong hardware, space or fix is told before anything starts
+    inline = _inline(req, _check_target(req))  # a wrong hardware, space or fix is told before anything starts
     # Ray starts here while a thread loads the workload in its isolated worker and opens the store (seconds
     # each, mostly other processes' imports); a workload that cannot load leaves no store, study or Ray behind
     opening = _Opening(req)
     started, made = False, None
     try:
-        started, made = _ray_init(req)
+        if inline:
+            _ray_env()  # Ray Tune's searchers are imported all the same
+        else:
+            started, made = _ray_init(req)
         import advisor.tune.ray_hooks  # noqa: F401 - Ray Tune's import (a second), beside the opening
         import advisor.tune.searcher  # noqa: F401
+        servers = _early_start() if inline else None
         wl, hw, space, context, base, store, study, ctx, interrupted = opening.result()
     except BaseException:
         if started:
@@ -432,14 +439,19 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     seeds = [c for c in planner_seeds(wl.decoder, hw, space, context, base)
              if config_hash(c) not in done][:max(0, remaining - len(queued))]
     queued += seeds
-    stats = {"interrupted": interrupted, "retried": len(retries), "resumed_from": len(done), "planned": len(seeds)}
-    stats["start_s"] = time.monotonic() - t0  # Ray's start, the workload's load, the store (overlapping)
+    stats = {"interrupted": interrupted, "retried": len(retries), "resumed_from": len(done), "planned": len(seeds),
+             "executor": "inline" if inline else "ray"}
+    stats["start_s"] = time.monotonic() - t0  # the workload's load, the store, a local Ray's start (overlapping)
     try:
         if remaining:
-            # a local Ray's trials fork through this process's servers: the trial server's imports start now, beside
-            # Tune's start and the first estimate (earlier, they would slow the workload's load and Ray's start)
-            ctx = ctx.model_copy(update={"fork_servers": fork_servers() if req.ray_address is None else {}})
-            stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result))
+            # a local Ray's actor forks its trials through this process's servers: their imports start now, beside
+            # Tune's start and the first estimate (earlier, they would slow the workload's load and Ray's start);
+            # an inline run started them already (`_early_start`)
+            if servers is None:
+                servers = fork_servers() if req.ray_address is None else {}
+            ctx = ctx.model_copy(update={"fork_servers": servers})
+            stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result,
+                                 inline=inline))
     finally:
         if started:
             stopping = time.monotonic()
@@ -449,13 +461,38 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     return summarize_study(store, study.id, base, ctx, stats, time.monotonic() - t0)
 
 
-def _check_target(req: TuneRequest) -> None:
-    """SpecError for a hardware, space or fix the run cannot take (the cheap checks of `_prepare`)."""
+def _early_start() -> dict[str, str]:
+    """An inline run's fork servers, started while the opening waits on the workload's worker (its torch import and
+    this process's of Ray Tune take the two cores before), and the modules the opening and the search import next,
+    so that neither waits on them (a second of CPU, mostly SQLAlchemy and Alembic). Returns `fork_servers()`."""
+    import optuna.storages  # noqa: F401
+
+    import advisor.store.migrate  # noqa: F401
+    import advisor.store.sql  # noqa: F401
+    import advisor.tune.seeds  # noqa: F401
+    import probes.runner  # noqa: F401
+    import search_spaces.prune  # noqa: F401
+
+    return fork_servers()
+
+
+def _check_target(req: TuneRequest):  # noqa: ANN202 - a HardwareSpec
+    """The run's hardware; SpecError for a hardware, space or fix the run cannot take (the cheap checks of
+    `_prepare`)."""
     from advisor.hardware import get_hardware
     from search_spaces import apply_fixes, load_space
 
-    get_hardware(req.hardware)
+    hw = get_hardware(req.hardware)
     apply_fixes(load_space(req.space), req.fixes)
+    return hw
+
+
+def _inline(req: TuneRequest, hw) -> bool:  # noqa: ANN001 - a HardwareSpec
+    """Whether this run's trials run inline (TuneRequest.executor): where they run one at a time on this host, a
+    Ray would only cost its start (seconds of CPU across its processes) and its stop."""
+    if req.executor != "auto":
+        return req.executor == "inline"
+    return req.ray_address is None and _concurrency(hw) == 1
 
 
 class _Opening:
@@ -489,11 +526,13 @@ class _Opening:
         return self._out
 
 
-def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining, on_result) -> dict[str, Any]:
-    """One Ray Tune experiment (Ray started by the caller): the queued configurations (baseline, retries) first,
-    then OptunaSearch over the space, one Ray trial per suggestion, until the budget is spent. One experiment
+def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining, on_result, *,
+            inline: bool) -> dict[str, Any]:
+    """One experiment: the queued configurations (baseline, retries) first, then OptunaSearch over the space, one
+    trial per suggestion, until the budget is spent. Under Ray (started by the caller) one Ray Tune experiment
     keeps one Ray actor (reuse_actors), and with it one fork server and one isolation worker, from the first
-    trial to the last. `target` is (space, context, baseline)."""
+    trial to the last; `inline`, this process runs each trial in turn (`_run_inline`). `target` is (space,
+    context, baseline)."""
     from advisor.tune.ray_hooks import ProgressCallback
     from advisor.tune.searcher import QueueThenSearch
 
@@ -516,11 +555,14 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
     search = QueueThenSearch([c.model_dump_json() for c in queued], optuna_search,
                              metric=["objective", "memory"] if multi else "objective",
                              mode=["max", "min"] if multi else "max", confirm=None if multi else confirm)
+    num_samples = len(queued) + remaining * DUPLICATE_FACTOR
     try:
-        _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=search,
-             num_samples=len(queued) + remaining * DUPLICATE_FACTOR)
+        if inline:
+            _run_inline(req, ctx, budget, callback, search, num_samples)
+        else:
+            _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=search, num_samples=num_samples)
         return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
-                "ray_trials": callback.count, "trial_s": budget.trial_s, "estimate_s": budget.estimate_s,
+                "trials_run": callback.count, "trial_s": budget.trial_s, "estimate_s": budget.estimate_s,
                 "measured": len(budget.seen),
                 "confirmed": budget.repeats, "redrawn": search.redrawn}
     finally:
@@ -536,6 +578,37 @@ def _optuna_search(req: TuneRequest, space, context, ctx: StudyContext, study, s
                         metric=["objective", "memory"] if multi else "objective",
                         mode=["max", "min"] if multi else "max", sampler=_sampler(req),
                         study_name=study.optuna_study_name, storage=storage)  # the sampler carries the seed
+
+
+def _run_inline(req: TuneRequest, ctx: StudyContext, budget: _Budget, callback, search, num_samples: int) -> None:
+    """The experiment without Ray: each suggestion of `search` (a Ray Tune Searcher) evaluated in this process, in
+    turn, and told back as Ray Tune would (the searcher's result, then the callback's, then the trial's end). As
+    under Ray, user code runs in the isolation worker (the estimate) and in forked ranks (the trial), never here;
+    a trial that raises is that trial's error, and the experiment goes on."""
+    from ray.tune.search import Searcher
+
+    from advisor.tune.trainable import evaluate
+
+    for i in range(num_samples):
+        if budget.done():
+            return
+        if req.time_budget_s is not None and time.monotonic() - budget.started >= req.time_budget_s:
+            budget.reason = f"the time budget ({req.time_budget_s:g} s) is spent"
+            return
+        trial_id = f"inline_{i:05d}"
+        suggested = search.suggest(trial_id)
+        if suggested is None or suggested == Searcher.FINISHED:  # nothing in flight to wait for: the search is over
+            return
+        config = suggested.get("training_config")
+        try:
+            result = evaluate(ctx, config, repeat=bool(suggested.get("repeat")))
+        except Exception:  # noqa: BLE001 - as a Ray trial's error: logged, told to the searcher, not the run's end
+            log.exception("trial %s failed inside the tuner", trial_id)
+            search.on_trial_complete(trial_id, error=True)
+            continue
+        search.on_trial_result(trial_id, result)
+        callback.deliver(result, config)
+        search.on_trial_complete(trial_id, result=result)
 
 
 def _fit(req: TuneRequest, hw, ctx: StudyContext, name: str, budget: _Budget, callback, *, search_alg=None,

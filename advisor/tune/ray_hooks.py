@@ -39,11 +39,15 @@ class ProgressCallback(Callback):
             _LISTENERS[self.key] = on_result
 
     def on_trial_result(self, iteration, trials, trial, result, **info):  # noqa: D102 - Ray's hook
+        self.deliver(result, trial.config.get("training_config"))
+
+    def deliver(self, result: dict[str, Any], config: str | None) -> None:
+        """One trial's result (its `training_config` JSON beside it) to the budget and the listener."""
         self.count += 1
         self.budget.observe(result)
         listener = _LISTENERS.get(self.key)
         if listener is not None:
-            listener({**result, "config": trial.config.get("training_config")}, len(self.budget.seen), self.total)
+            listener({**result, "config": config}, len(self.budget.seen), self.total)
 
     def close(self) -> None:
         _LISTENERS.pop(self.key, None)

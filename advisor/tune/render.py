@@ -62,6 +62,9 @@ def summary_table(s: TuneSummary) -> None:
 def _rest(s: TuneSummary) -> str:
     """Where a run's time outside its measured trials went (s)."""
     start, estimates, stop = (s.stats.get(k, 0.0) for k in ("start_s", "estimate_s", "stop_s"))
-    tune = max(0.0, s.wall_s - s.trial_s - start - estimates - stop)
+    search = max(0.0, s.wall_s - s.trial_s - start - estimates - stop)
+    if s.stats.get("executor") == "inline":
+        return (f"start {start:.1f} s (loading the workload), memory estimates {estimates:.1f} s, "
+                f"the search and the store {search:.1f} s")
     return (f"start {start:.1f} s (Ray beside loading the workload), memory estimates {estimates:.1f} s, "
-            f"Ray Tune and the store {tune:.1f} s, Ray's stop {stop:.1f} s")
+            f"Ray Tune and the store {search:.1f} s, Ray's stop {stop:.1f} s")

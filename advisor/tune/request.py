@@ -21,6 +21,8 @@ from advisor.trial import TrialBudget
 # tpe-plain: Optuna's TPE alone.
 Sampler = Literal["tpe", "tpe-plain", "random", "nsga2", "brute-force"]
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
+Executor = Literal["auto", "ray", "inline"]
+EXECUTORS: tuple[str, ...] = get_args(Executor)
 
 
 class TuneRequest(BaseModel):
@@ -47,6 +49,10 @@ class TuneRequest(BaseModel):
     study: str | None = Field(default=None, description="Study name; default derived from the search's inputs.")
     db: str | None = Field(default=None, description="Database URL; default the settings' database_url.")
     ray_address: str | None = Field(default=None, description="An existing Ray cluster; default a local one.")
+    executor: Executor = Field(default="auto", description="What runs the trials: 'ray', Ray Tune's trial runner on a "
+                               "local Ray or --ray-address's cluster; 'inline', one at a time from the tuner's own "
+                               "process, without Ray; 'auto', inline where trials run one at a time on this host "
+                               "(a CPU, or one device per node) and no cluster is named, else Ray.")
     remeasure: bool = Field(default=False, description="Measure again what the store already has for this fingerprint.")
     confirm: int | None = Field(default=None, ge=0, description="Trials of the budget kept to measure the leading "
                                 "configurations again (advisor/tune/confirm.py); default: an eighth of the budget, "
@@ -59,6 +65,8 @@ class TuneRequest(BaseModel):
     def _check(self) -> "TuneRequest":
         if self.sampler == "nsga2" and self.objective == "throughput":
             raise ValueError("sampler nsga2 is for the two-objective search; use --objective throughput,memory")
+        if self.executor == "inline" and self.ray_address:
+            raise ValueError("--executor inline runs without Ray; --ray-address needs --executor ray or auto")
         return self
 
     def absolute(self) -> "TuneRequest":

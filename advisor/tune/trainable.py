@@ -1,5 +1,5 @@
-"""One tuner trial, inside a Ray worker: claim the configuration, reuse or prune it, or measure it
-for real, store the outcome, and report the objective to Ray (and so to Optuna).
+"""One tuner trial, inside a Ray worker or the tuner's own process (inline): claim the configuration, reuse or
+prune it, or measure it for real, store the outcome, and report the objective (to Ray, and so to Optuna).
 
 Nothing here may crash the study: a trial that fails is a stored result with its status.
 """

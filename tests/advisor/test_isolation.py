@@ -314,6 +314,14 @@ def test_a_fork_server_and_what_it_forked_go_when_its_client_is_killed():
             os.kill(holder, signal.SIGKILL)
 
 
+def test_a_fork_server_whose_client_exits_while_it_imports_goes_quietly():
+    # a run that ends at once (a bad store) while its server still imports: no traceback reaches the user
+    script = "from advisor.isolation.forkserver import ForkServer\nprint(ForkServer(['torch']).proc.pid, flush=True)\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    server = int(done.stdout.split()[0])  # the server holds the pipes open until it exits: run() waited for it
+    assert not _alive(server) and done.returncode == 0 and done.stderr == "", done.stderr
+
+
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])

@@ -1,5 +1,5 @@
-"""The tuner end to end on this CPU: real trials through Ray Tune and Optuna, a real store; resume
-after SIGKILL, a crashing configuration, two tuners sharing one PostgreSQL study, bad stores."""
+"""The tuner end to end on this CPU: real trials run inline and through Ray Tune, Optuna's samplers, a real
+store; resume after SIGKILL, a crashing configuration, two tuners sharing one PostgreSQL study, bad stores."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def stored(db: str):
 
 def test_tune_measures_stores_and_resumes(data_dir, capsys):
     db = f"sqlite:///{data_dir / 'advisor.db'}"
-    first = run_tune(data_dir, db, "--trials", "3")
+    first = run_tune(data_dir, db, "--trials", "3", "--executor", "ray")  # Ray Tune's runner on a local Ray
     assert first["statuses"] == {"ok": 3}
     # where the run's time went besides its measured trials: parts that add up to no more than the run
     st = first["stats"]
@@ -112,6 +112,39 @@ def test_tune_measures_stores_and_resumes(data_dir, capsys):
     assert sum(1 for t in study.trials if t.user_attrs.get("advisor_reference")) == 1
 
 
+def test_an_inline_run_starts_no_ray_and_says_where_its_time_went(data_dir, capsys):
+    from advisor.hardware import get_hardware
+    from advisor.tune.driver import _inline
+    from advisor.tune.render import summary_table
+    from advisor.tune.request import TuneRequest
+    from advisor.tune.summary import TuneSummary
+
+    db = f"sqlite:///{data_dir / 'advisor.db'}"
+    run = run_tune(data_dir, db, "--trials", "2")  # a CPU: the default executor runs the trials itself
+    st = run["stats"]
+    assert st["executor"] == "inline" and run["statuses"] == {"ok": 2} and st["trials_run"] == 2
+    assert not (data_dir / "ray").exists() and not (data_dir / "ray_results").exists()  # no Ray was started
+    assert "stop_s" not in st and min(st["start_s"], st["estimate_s"], run["trial_s"]) > 0
+    assert st["start_s"] + st["estimate_s"] + run["trial_s"] <= run["wall_s"]
+    summary_table(TuneSummary.model_validate(run))
+    rest = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("the rest:"))
+    assert "the search and the store" in rest and "Ray" not in rest
+    # the search went on from the baseline's result as under Ray: precision screened against it
+    assert {r.config.precision.value for r in stored(db)} == {"fp32", "bf16"}
+    # auto: Ray where trials run side by side (a GPU per trial on an 8-GPU node) or a cluster is named
+    cpu, node = get_hardware("cpu"), get_hardware("h100-sxm:8")
+    assert _inline(TuneRequest(workload="tiny-mlp"), cpu) and _inline(TuneRequest(workload="tiny-mlp"),
+                                                                       get_hardware("h100-sxm"))
+    assert not _inline(TuneRequest(workload="tiny-mlp"), node)
+    assert not _inline(TuneRequest(workload="tiny-mlp", ray_address="auto"), cpu)
+    assert _inline(TuneRequest(workload="tiny-mlp", executor="inline"), node)
+    assert not _inline(TuneRequest(workload="tiny-mlp", executor="ray"), cpu)
+    env = {**os.environ, "ADVISOR_DATA_DIR": str(data_dir)}
+    bad = subprocess.run(tune_cmd(db, "--executor", "inline", "--ray-address", "auto"), capture_output=True,
+                         text=True, env=env, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--executor" in bad.stderr
+
+
 def test_a_new_study_reuses_measurements_within_its_budget(data_dir):
     db = f"sqlite:///{data_dir / 'advisor.db'}"
     grid = run_tune(data_dir, db, "--trials", "4", "--sampler", "brute-force", "--study", "grid")
@@ -120,10 +153,10 @@ def test_a_new_study_reuses_measurements_within_its_budget(data_dir):
     # every configuration is reused from the grid study, and reused ones count towards the budget
     assert replay["statuses"] == {"ok": 2} and replay["trial_s"] == 0
     assert replay["stats"]["stopped_because"].startswith("ran the 2 trial(s)")
-    # TPE alone on a 4-point grid repeats itself: each repeat is answered from what the run has, so every Ray
-    # trial is a configuration of its own and the study reaches its budget
+    # TPE alone on a 4-point grid repeats itself: each repeat is answered from what the run has, so every trial
+    # run is a configuration of its own and the study reaches its budget
     tpe = run_tune(data_dir, db, "--trials", "4", "--sampler", "tpe-plain", "--study", "tpe", "--seed", "1")
-    assert tpe["statuses"] == {"ok": 4} and tpe["stats"]["ray_trials"] == 4, tpe["stats"]
+    assert tpe["statuses"] == {"ok": 4} and tpe["stats"]["trials_run"] == 4, tpe["stats"]
     rows = [r for r in stored(db) if r.study_id != tpe["study_id"]]
     assert len(rows) == 6
     grid_results = {r.config_hash: r.samples_per_s for r in rows if r.study_id == grid["study_id"]}
@@ -167,7 +200,7 @@ def test_the_leaders_are_measured_again_and_the_best_is_the_best_mean(data_dir):
     common = ("--trials", "3", "--sampler", "brute-force", "--space", str(space))
     once = run_tune(data_dir, db, *common, "--study", "once", "--confirm", "0")
     assert once["best"]["record"]["config"]["batch_size"] == 4 and once["best"]["value"] == 100.0
-    # Ray ended the experiment on the last trial's result; Optuna's study has it all the same
+    # the budget ended the experiment on the last trial's result; Optuna's study has it all the same
     study = optuna.load_study(study_name=once["study_name"], storage=db)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
     confirmed = run_tune(data_dir, db, "--trials", "4", "--sampler", "brute-force", "--space", str(space),
@@ -211,12 +244,12 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(data_dir):
 def test_a_configuration_that_crashes_does_not_stop_the_study(data_dir, tmp_path):
     db = f"sqlite:///{data_dir / 'advisor.db'}"
     summary = run_tune(data_dir, db, "--trials", "4", "--sampler", "brute-force", "-a", f"out_dir={tmp_path}",
-                       "-a", "fail=abort-on-bf16", workload=RECORDER)
+                       "-a", "fail=abort-on-bf16", "--executor", "ray", workload=RECORDER)
     assert summary["statuses"] == {"ok": 2, "crashed": 2}
     crashed = [r for r in stored(db) if r.status.value == "crashed"]
     assert {r.config.precision.value for r in crashed} == {"bf16"} and all("SIGABRT" in r.error for r in crashed)
-    # every trial's rank was forked by the tuner's own trial fork server, not one its Ray actor started (the
-    # log's other steps are the fresh processes of the protocol's peak runs, which set no RANK)
+    # under Ray, every trial's rank was forked by the tuner's own trial fork server, not one its Ray actor
+    # started (the log's other steps are the fresh processes of the protocol's peak runs, which set no RANK)
     tuner = {int(r.owner.rsplit(":", 1)[1]) for r in stored(db)}
     steps = [json.loads(line) for line in (tmp_path / "log-abort-on-bf16.jsonl").read_text().splitlines()]
     ranks = [s for s in steps if s["rank"] is not None]
