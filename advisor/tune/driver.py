@@ -22,7 +22,7 @@ from advisor.store.records import Objective, RecordStatus, StudySpec
 from advisor.trial import TrainingConfig
 from advisor.tune.request import TuneRequest
 from advisor.tune.summary import TuneSummary, summarize_study
-from advisor.tune.trainable import StudyContext, fork_servers, ray_trainable
+from advisor.tune.trainable import StudyContext, fork_servers, inline_start, ray_trainable
 
 log = logging.getLogger(__name__)
 RAY_TEMP_MAX = 48  # characters: Ray appends ~60 (session_<date>_<pid>/sockets/plasma_store)
@@ -464,16 +464,15 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
 def _early_start() -> dict[str, str]:
     """An inline run's fork servers, started while the opening waits on the workload's worker (its torch import and
     this process's of Ray Tune take the two cores before), and the modules the opening and the search import next,
-    so that neither waits on them (a second of CPU, mostly SQLAlchemy and Alembic). Returns `fork_servers()`."""
+    so that neither waits on them (a second of CPU, mostly SQLAlchemy and Alembic). Returns the servers' addresses
+    (`fork_servers`)."""
     import optuna.storages  # noqa: F401
 
     import advisor.store.migrate  # noqa: F401
     import advisor.store.sql  # noqa: F401
     import advisor.tune.seeds  # noqa: F401
-    import probes.runner  # noqa: F401
-    import search_spaces.prune  # noqa: F401
 
-    return fork_servers()
+    return inline_start()
 
 
 def _check_target(req: TuneRequest):  # noqa: ANN202 - a HardwareSpec

@@ -176,6 +176,15 @@ def fork_servers() -> dict[str, str]:
     return {name: server.address for name, server in servers.items() if server.address}
 
 
+def inline_start() -> dict[str, str]:
+    """`fork_servers()` for a run whose trials `evaluate` runs in this process, with the modules a trial imports
+    first (the runner, the pruning) imported now, beside the servers' start rather than before the first trial."""
+    import probes.runner  # noqa: F401
+    import search_spaces.prune  # noqa: F401
+
+    return fork_servers()
+
+
 def ray_trainable(config: dict[str, Any], ctx_json: str) -> None:
     """The function Ray Tune runs for each trial. It forks through the driver's fork servers where the context
     names them (a local Ray); where it starts its own (they import torch: seconds), they start at once in the
