@@ -216,26 +216,31 @@ class DefineByRun:
 
 
 class _Budget:
-    """Stops the experiment at the distinct-configuration budget, the patience, or the time limit."""
+    """Stops the experiment at the distinct-configuration budget, the patience, or the time limit. The budget is
+    the study's: `held`, the ids of the trials it had finished when the run began (which `remaining` already
+    leaves out)."""
 
-    def __init__(self, remaining: int, patience: int | None) -> None:
-        self.remaining, self.patience = remaining, patience
+    def __init__(self, remaining: int, patience: int | None, held: set[int] | frozenset[int] = frozenset()) -> None:
+        self.remaining, self.patience, self.held = remaining, patience, held
         self.seen: set[int] = set()
         self.best: float | None = None
         self.since_best = 0
         self.repeats = 0  # trials of this run that measured a configuration again
         self.reason: str | None = None
+        self.measured = 0  # configurations this run measured itself (not reused, pruned, or another tuner's)
         self.trial_s = 0.0  # wall time of the trials measured in this run (s)
         self.estimate_s = 0.0  # time their memory estimates took before them (s)
         self.started = time.monotonic()
 
     def observe(self, result: dict[str, Any]) -> None:
         rid = result.get("record_id")
-        # A configuration reused from another study's measurement is new to this study and counts;
-        # a repeat of one this study already holds does not.
-        if rid is None or rid in self.seen or result.get("duplicate"):
+        # A configuration reused from another study's measurement is new to this study and counts, and so does one
+        # that another tuner of this study measured while this run went on (the draw finds it taken); a repeat of
+        # one the study held when the run began does not.
+        if rid is None or rid in self.seen or result.get("duplicate") and rid in self.held:
             return
         self.seen.add(rid)
+        self.measured += result.get("trial_wall_s", 0.0) > 0
         self.trial_s += result.get("trial_wall_s", 0.0)  # 0 for a reused measurement
         self.estimate_s += result.get("estimate_s", 0.0)
         value = result.get("objective", 0.0)
@@ -451,7 +456,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
                 servers = fork_servers() if req.ray_address is None else {}
             ctx = ctx.model_copy(update={"fork_servers": servers})
             stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result,
-                                 inline=inline))
+                                 inline=inline, held={r.id for r in finished}))
     finally:
         if started:
             stopping = time.monotonic()
@@ -526,12 +531,12 @@ class _Opening:
 
 
 def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining, on_result, *,
-            inline: bool) -> dict[str, Any]:
+            inline: bool, held: set[int]) -> dict[str, Any]:
     """One experiment: the queued configurations (baseline, retries) first, then OptunaSearch over the space, one
     trial per suggestion, until the budget is spent. Under Ray (started by the caller) one Ray Tune experiment
     keeps one Ray actor (reuse_actors), and with it one fork server and one isolation worker, from the first
     trial to the last; `inline`, this process runs each trial in turn (`_run_inline`). `target` is (space,
-    context, baseline)."""
+    context, baseline); `held`, the ids of the study's trials finished before the run."""
     from advisor.tune.ray_hooks import ProgressCallback
     from advisor.tune.searcher import QueueThenSearch
 
@@ -539,7 +544,7 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
     _quiet_optuna()
     storage = _optuna_storage(ctx.db_url)
     _fail_stale(storage, study.optuna_study_name)
-    budget = _Budget(remaining, req.patience)
+    budget = _Budget(remaining, req.patience, held)
     # leaders are measured again in the budget's last trials, not in a run that resumes with fewer left
     confirm = _Confirm(budget, min(req.resolved_confirm(), max(0, remaining - len(queued) - 1)), store, study.id,
                        ctx.metric)
@@ -562,7 +567,7 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
             _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=search, num_samples=num_samples)
         return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
                 "trials_run": callback.count, "trial_s": budget.trial_s, "estimate_s": budget.estimate_s,
-                "measured": len(budget.seen),
+                "measured": budget.measured,
                 "confirmed": budget.repeats, "redrawn": search.redrawn}
     finally:
         search.close()
