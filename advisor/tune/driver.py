@@ -538,7 +538,7 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
     trial to the last; `inline`, this process runs each trial in turn (`_run_inline`). `target` is (space,
     context, baseline); `held`, the ids of the study's trials finished before the run."""
     from advisor.tune.ray_hooks import ProgressCallback
-    from advisor.tune.searcher import QueueThenSearch
+    from advisor.tune.searcher import MAX_REDRAWS, QueueThenSearch
 
     space, context, base = target
     _quiet_optuna()
@@ -565,7 +565,10 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
             _run_inline(req, ctx, budget, callback, search, num_samples)
         else:
             _fit(req, hw, ctx, _safe(study.name), budget, callback, search_alg=search, num_samples=num_samples)
-        return {"search_s": time.monotonic() - t, "stopped_because": budget.reason or "time or trial limit reached",
+        spent = (f"the sampler drew only configurations the run has results for, {MAX_REDRAWS} times in a row: the "
+                 "space is spent")
+        return {"search_s": time.monotonic() - t,
+                "stopped_because": budget.reason or (spent if search.spent else "time or trial limit reached"),
                 "trials_run": callback.count, "trial_s": budget.trial_s, "estimate_s": budget.estimate_s,
                 "measured": budget.measured,
                 "confirmed": budget.repeats, "redrawn": search.redrawn}

@@ -21,7 +21,9 @@ _FACTORIES: dict[int, Callable[[], Searcher]] = {}
 _CONFIRMS: dict[int, Any] = {}
 _KEYS = itertools.count()
 # Draws of the inner searcher per suggestion that may repeat a configuration whose result is known, each answered
-# at once; a sampler that keeps repeating itself past them gets its draw run (and the store answers it)
+# at once; a sampler that repeats itself this many times in a row has a spent space (a grid measured whole, or what
+# TPE's model leaves of it): the experiment measures the leaders again while --confirm keeps trials for that,
+# then ends
 MAX_REDRAWS = 64
 
 
@@ -35,7 +37,9 @@ class QueueThenSearch(Searcher):
 
     A draw of a configuration whose result the experiment already has is told that result at once and the
     inner searcher asked again (up to MAX_REDRAWS times a suggestion), so a sampler that repeats itself (TPE
-    on a small grid) spends no trial of the experiment on a repeat."""
+    on a small grid) spends no trial of the experiment on a repeat. Where all those draws repeat (`spent`), the
+    suggestion is `confirm`'s next leader to measure again, due or not (where it keeps any trials for that), and
+    the search is FINISHED once there is none."""
 
     def __init__(self, queued: list[str], factory: Callable[[], Searcher], metric: Any, mode: Any,
                  confirm: Any = None) -> None:
@@ -48,6 +52,7 @@ class QueueThenSearch(Searcher):
         self._configs: dict[str, str] = {}  # Ray trial id -> its training_config (JSON)
         self._known: dict[str, dict[str, Any]] = {}  # training_config (JSON) -> its reported result
         self.redrawn = 0  # draws answered with a known result
+        self.spent = False  # a suggestion's MAX_REDRAWS draws all had a known result: the space looks spent
         self._key = next(_KEYS)
         _FACTORIES[self._key] = factory
         if confirm is not None:
@@ -73,7 +78,14 @@ class QueueThenSearch(Searcher):
                 return {"training_config": again, "repeat": True}
         if self._inner is None:
             self._inner = _FACTORIES[self._key]()
-        inner_id, suggested = self._draw(trial_id)
+        if not self.spent:
+            inner_id, suggested = self._draw(trial_id)
+        if self.spent:  # nothing new to draw: the leaders measured again while any is due, then the end
+            again = confirm.pick() if confirm is not None and confirm.reserve > 0 else None
+            if again is None:
+                return Searcher.FINISHED
+            self._repeats.add(trial_id)
+            return {"training_config": again, "repeat": True}
         if isinstance(suggested, dict):
             self._live[trial_id] = inner_id
             self._configs[trial_id] = suggested.get("training_config")
@@ -81,13 +93,15 @@ class QueueThenSearch(Searcher):
 
     def _draw(self, trial_id: str) -> tuple[str, dict[str, Any] | None]:
         """(the inner searcher's id for it, its suggestion) for Ray's `trial_id`, past the draws whose result is
-        known (class docstring)."""
+        known (class docstring); (its id, None) with `spent` set where all MAX_REDRAWS draws were."""
         inner_id, n = trial_id, 0
         suggested = self._inner.suggest(inner_id)
-        while n < MAX_REDRAWS - 1 and isinstance(suggested, dict) and \
-                (known := self._known.get(suggested.get("training_config"))) is not None:
+        while isinstance(suggested, dict) and (known := self._known.get(suggested.get("training_config"))) is not None:
             self._inner.on_trial_complete(inner_id, result=known)
             self.redrawn, n = self.redrawn + 1, n + 1
+            if n == MAX_REDRAWS:
+                self.spent = True
+                return inner_id, None
             inner_id = f"{trial_id}-redraw{n}"
             suggested = self._inner.suggest(inner_id)
         return inner_id, suggested
@@ -116,7 +130,7 @@ class QueueThenSearch(Searcher):
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
             pickle.dump({"queued": self._queued, "pending": self._pending, "repeats": self._repeats,
-                         "live": self._live, "configs": self._configs, "known": self._known}, f)
+                         "live": self._live, "configs": self._configs, "known": self._known, "spent": self.spent}, f)
         if self._inner is not None:
             self._inner.save(checkpoint_path + ".inner")
 
@@ -126,6 +140,7 @@ class QueueThenSearch(Searcher):
         self._queued, self._pending = state["queued"], state["pending"]
         self._repeats, self._live = state.get("repeats", set()), state.get("live", {})
         self._configs, self._known = state.get("configs", {}), state.get("known", {})
+        self.spent = state.get("spent", False)
         if os.path.exists(checkpoint_path + ".inner"):
             self._inner = _FACTORIES[self._key]()
             self._inner.restore(checkpoint_path + ".inner")

@@ -152,8 +152,10 @@ def test_an_inline_run_starts_no_ray_and_says_where_its_time_went(data_dir, caps
 
 def test_a_new_study_reuses_measurements_within_its_budget(data_dir):
     db = f"sqlite:///{data_dir / 'advisor.db'}"
-    grid = run_tune(data_dir, db, "--trials", "4", "--sampler", "brute-force", "--study", "grid")
-    assert grid["statuses"] == {"ok": 4} and grid["trial_s"] > 0
+    # a budget past the 4-point grid: once every draw repeats a measured point, the run ends
+    grid = run_tune(data_dir, db, "--trials", "6", "--sampler", "brute-force", "--study", "grid")
+    assert grid["statuses"] == {"ok": 4} and grid["trial_s"] > 0 and grid["stats"]["trials_run"] == 4
+    assert grid["stats"]["stopped_because"].endswith("the space is spent"), grid["stats"]
     replay = run_tune(data_dir, db, "--trials", "2", "--sampler", "random", "--study", "replay")
     # every configuration is reused from the grid study, and reused ones count towards the budget
     assert replay["statuses"] == {"ok": 2} and replay["trial_s"] == 0
