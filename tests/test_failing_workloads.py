@@ -161,7 +161,7 @@ def test_tune_of_a_workload_that_raises_finishes_its_study_with_every_trial_an_e
 
 
 HANG_TIMEOUT_S = 4
-# Each trial: the pruning estimate (half the trial's time), then the trial itself; plus Ray's start and
+# Each trial: the pruning estimate (half the trial's time), then the trial itself; plus the tuner's start and
 # stop, the store and loading the workload, which take well under a minute on two busy cores.
 HANG_BOUND_S = 3 * 1.5 * HANG_TIMEOUT_S + 75
 

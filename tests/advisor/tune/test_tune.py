@@ -136,6 +136,9 @@ def test_an_inline_run_starts_no_ray_and_says_where_its_time_went(data_dir, caps
     (ref,) = [t.params for t in trials if t.user_attrs.get("advisor_reference")]
     (screen,) = [t.params for t in trials if t.system_attrs.get("advisor_screen")]
     assert ref == {"batch_size": 8, "precision": "fp32"} and sum(screen[k] != v for k, v in ref.items()) == 1
+    # --time-budget stops starting trials: the first starts at once, and none after it
+    timed = run_tune(data_dir, db, "--trials", "4", "--time-budget", "0.5", "--study", "timed", "--remeasure")
+    assert timed["statuses"] == {"ok": 1} and timed["stats"]["stopped_because"] == "the time budget (0.5 s) is spent"
     # auto: Ray where trials run side by side (a GPU per trial on an 8-GPU node) or a cluster is named
     cpu, node = get_hardware("cpu"), get_hardware("h100-sxm:8")
     assert _inline(TuneRequest(workload="tiny-mlp"), cpu) and _inline(TuneRequest(workload="tiny-mlp"),
