@@ -22,7 +22,7 @@ from advisor.store.records import Objective, RecordStatus, StudySpec
 from advisor.trial import TrainingConfig
 from advisor.tune.request import TuneRequest
 from advisor.tune.summary import TuneSummary, summarize_study
-from advisor.tune.trainable import StudyContext, fork_servers, inline_start, ray_trainable
+from advisor.tune.trainable import StudyContext, evaluate, fork_servers, inline_start, ray_trainable
 
 log = logging.getLogger(__name__)
 RAY_TEMP_MAX = 48  # characters: Ray appends ~60 (session_<date>_<pid>/sockets/plasma_store)
@@ -240,7 +240,8 @@ class _Budget:
         if rid is None or rid in self.seen or result.get("duplicate") and rid in self.held:
             return
         self.seen.add(rid)
-        self.measured += result.get("trial_wall_s", 0.0) > 0
+        if result.get("trial_wall_s", 0.0) > 0:
+            self.measured += 1
         self.trial_s += result.get("trial_wall_s", 0.0)  # 0 for a reused measurement
         self.estimate_s += result.get("estimate_s", 0.0)
         value = result.get("objective", 0.0)
@@ -593,8 +594,6 @@ def _run_inline(req: TuneRequest, ctx: StudyContext, budget: _Budget, callback, 
     under Ray, user code runs in the isolation worker (the estimate) and in forked ranks (the trial), never here;
     a trial that raises is that trial's error, and the experiment goes on."""
     from ray.tune.search import Searcher
-
-    from advisor.tune.trainable import evaluate
 
     for i in range(num_samples):
         if budget.done():
