@@ -133,7 +133,18 @@ def glance_rows() -> list[list[str]]:
     rows += _held_out_glance() + [_largest_glance(), _speed_glance()]
     rows += [_cuda_glance(stem, gpu) for stem, gpu in (("accuracy-cuda", "H100"), ("accuracy-cuda-h200", "H200"))]
     rows += [_calibration_glance()] + _md_glance() + [_isolation_glance(), _parallel_glance(), _plan_glance()]
-    return rows + [_plan_speed_glance(), _hf_glance()]
+    return rows + [_plan_speed_glance(), _demo_glance(), _hf_glance()]
+
+
+def _demo_glance() -> list[str]:
+    res = _load("demo-orchestration")
+    m, ex = res["meta"], res["executors"]
+    dirty = ", uncommitted changes" if m["source"]["dirty"] else ""
+    return ["[The demo's orchestration](#the-demos-orchestration): `make demo`'s tuning run less its measured trials",
+            f"inline {ex['inline']['orchestration']:.0%} of {ex['inline']['run_wall_s']:.1f} s",
+            f"< {res['goal']:.0%}", _yes(ex["inline"]["met"]),
+            f"under Ray: {ex['ray']['orchestration']:.0%} of {ex['ray']['run_wall_s']:.1f} s", cpu_machine(m),
+            f"`{m['source']['git_head']}`{dirty}", m["started"][:10]]
 
 
 def _hf_glance() -> list[str]:
@@ -454,6 +465,10 @@ def md_sections() -> list[str]:
         ("Tuner", "tune", None,
          "Goals: the tuner's best ≥ 95% of the grid's best (median over seeds) with ≤ 25% of the grid's trials; "
          "tuning wall time ≤ 1.2 x the sum of the trials' wall times."),
+        ("The demo's orchestration", "demo-orchestration", None,
+         "How much of `make demo`'s tuning run (6 short trials of a small transformer on this CPU) goes to anything "
+         "but its measured trials, with the trials run by the tuner itself (`--executor inline`, the default here) "
+         "and by Ray Tune on a local Ray (`--executor ray`). Goal: under 25% of the run's wall time."),
         ("The tuner beside other work", "tune-load", None,
          "What the trials measure, and how long the run takes, quiet and beside a busy process, with the trials run "
          "by Ray Tune (`--executor ray`) at niceness 0 (the tuner's default) and at Ray's default of 15. No goal: "

@@ -4,7 +4,7 @@ measured so far, each change once more where that has moved since, then the base
 not screen again.
 
 The objective here is a formula of the knobs (not a measurement) so each case has one right
-answer; the end-to-end path through Ray and real trials is in test_tune.py.
+answer; the end-to-end path, inline and through Ray, with real trials is in test_tune.py.
 """
 
 from __future__ import annotations
