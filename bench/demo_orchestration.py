@@ -2,7 +2,7 @@
 own `advisor tune` command (read from the Makefile), each run in a fresh process and a fresh data dir, the
 executors alternated so that both see the same machine.
 
-Goal (issue: the planner): orchestration under 25% of the run's wall time on the demo. Orchestration is the run's
+Goal: orchestration under 25% of the run's wall time on the demo. Orchestration is the run's
 wall time less its measured trials' (`wall_s - trial_s` of the tune summary), as the summary prints it; its parts
 are the summary's `stats` (start, memory estimates, Ray's stop, the rest: the search and the store).
 
