@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def run_once(args: list[str], executor: str) -> dict[str, Any]:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, check=False,
                               env={**os.environ, "ADVISOR_DATA_DIR": str(data)})
     finally:
-        subprocess.run(["rm", "-rf", str(data)], check=False)
+        shutil.rmtree(data, ignore_errors=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     s = json.loads(proc.stdout)

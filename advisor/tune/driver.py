@@ -425,7 +425,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
             started, made = _ray_init(req)
         import advisor.tune.ray_hooks  # noqa: F401 - Ray Tune's import (a second), beside the opening
         import advisor.tune.searcher  # noqa: F401
-        servers = _early_start() if inline else None
+        servers = inline_start() if inline else None  # beside the workload's load: see its docstring
         wl, hw, space, context, base, store, study, ctx, interrupted = opening.result()
     except BaseException:
         if started:
@@ -452,7 +452,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
         if remaining:
             # a local Ray's actor forks its trials through this process's servers: their imports start now, beside
             # Tune's start and the first estimate (earlier, they would slow the workload's load and Ray's start);
-            # an inline run started them already (`_early_start`)
+            # an inline run started them already (`inline_start`)
             if servers is None:
                 servers = fork_servers() if req.ray_address is None else {}
             ctx = ctx.model_copy(update={"fork_servers": servers})
@@ -465,20 +465,6 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
             stats["stop_s"] = time.monotonic() - stopping
     store.finish_study(study.id)
     return summarize_study(store, study.id, base, ctx, stats, time.monotonic() - t0)
-
-
-def _early_start() -> dict[str, str]:
-    """An inline run's fork servers, started while the opening waits on the workload's worker (its torch import and
-    this process's of Ray Tune take the two cores before), and the modules the opening and the search import next,
-    so that neither waits on them (a second of CPU, mostly SQLAlchemy and Alembic). Returns the servers' addresses
-    (`fork_servers`)."""
-    import optuna.storages  # noqa: F401
-
-    import advisor.store.migrate  # noqa: F401
-    import advisor.store.sql  # noqa: F401
-    import advisor.tune.seeds  # noqa: F401
-
-    return inline_start()
 
 
 def _check_target(req: TuneRequest):  # noqa: ANN202 - a HardwareSpec

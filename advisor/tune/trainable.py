@@ -177,8 +177,15 @@ def fork_servers() -> dict[str, str]:
 
 
 def inline_start() -> dict[str, str]:
-    """`fork_servers()` for a run whose trials `evaluate` runs in this process, with the modules a trial imports
-    first (the runner, the pruning) imported now, beside the servers' start rather than before the first trial."""
+    """`fork_servers()` for a run whose trials `evaluate` runs in this process, called while the run's opening waits
+    on the workload's isolated worker: the servers start then, and the modules the opening and the first trial
+    import next (the store, Alembic, Optuna's storage, the seeds, the runner, the pruning: a second of CPU) are
+    imported now, so that neither waits on them."""
+    import optuna.storages  # noqa: F401
+
+    import advisor.store.migrate  # noqa: F401
+    import advisor.store.sql  # noqa: F401
+    import advisor.tune.seeds  # noqa: F401
     import probes.runner  # noqa: F401
     import search_spaces.prune  # noqa: F401
 
