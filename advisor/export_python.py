@@ -177,7 +177,9 @@ def _loop(c: TrainingConfig) -> list[str]:
     sync = "nullcontext()"
     if c.nproc > 1 and c.grad_accum > 1:  # reduce gradients once per optimizer step, not per micro-batch
         sync = ("(nullcontext() if last else model.no_sync())" if c.strategy in (Strategy.ddp, Strategy.zero1)
-                else "nullcontext(model.set_requires_gradient_sync(last))")
+                else "nullcontext(model.set_requires_gradient_sync(last))" if c.strategy == Strategy.zero3
+                # zero2 keeps its gathered parameters until the last micro-batch's backward: one gather a step
+                else "nullcontext(model.set_requires_gradient_sync(last) or model.set_reshard_after_backward(last))")
     scaled = "scaler.scale(loss)" if c.precision == Precision.fp16 else "loss"
     out = ["model.train()", "step, micro, epoch = 0, 0, 0", "while step < STEPS:",
            "    if sampler is not None:", "        sampler.set_epoch(epoch)", "    for batch in loader:",

@@ -63,9 +63,9 @@ def _data_comm(out: dict[str, Counter[str]], arch: DecoderArch, layout: Layout, 
                stages: list[StageFigures], pp_rank: int, grad_accum: int = 1) -> None:
     """DDP all-reduces every gradient once a step (and ZeRO-1 then broadcasts the updated parameters). FSDP2
     gathers a unit (its padded shards) each time a forward or backward of any of the step's `grad_accum` batches
-    finds it sharded, reduce-scatters its padded gradients once a step, and all-reduces over tp the gradients of
-    the parameters tp replicates (norms)."""
-    from advisor.estimate.parallel_analytic import _gathers, _norm_shapes
+    finds it sharded (ZeRO-2 keeps it gathered from one batch to the next), reduce-scatters its padded gradients
+    once a step, and all-reduces over tp the gradients of the parameters tp replicates (norms)."""
+    from advisor.estimate.parallel_analytic import _gathers, _norm_shapes, gathering_batches
 
     units = [[sum(a * b for a, b in u) * d.r for u in st.units] for st in stages]
     if layout.strategy in (Strategy.ddp, Strategy.zero1):
@@ -76,7 +76,7 @@ def _data_comm(out: dict[str, Counter[str]], arch: DecoderArch, layout: Layout, 
     dp = layout.fsdp_shards
     padded = [sum(sum(-(-a // dp) * dp * b for a, b in u) for u in st.units) * d.r for st in stages]
     gathers = _gathers(layout, pp_rank, len(stages))
-    out["dp"]["all_gather"] += grad_accum * sum(g * p for g, p in zip(gathers, padded))
+    out["dp"]["all_gather"] += gathering_batches(layout, grad_accum) * sum(g * p for g, p in zip(gathers, padded))
     out["dp"]["reduce_scatter"] += sum(padded)
     if layout.dp_replicate > 1:  # HSDP: each reduce-scattered shard all-reduced across the replica groups
         out["replicate"]["all_reduce"] += sum(padded) // dp

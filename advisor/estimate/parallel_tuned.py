@@ -288,7 +288,7 @@ def tuned_data_comm(layout: Layout, d: RankDims, stages: list[StageFigures], pp_
     """parallel_comm._data_comm's payloads where parameters are frozen: DDP all-reduces (and ZeRO-1 broadcasts)
     the trained parameters only; FSDP2 gathers every parameter, frozen ones in their dtype, and reduce-scatters the
     trained ones' gradients."""
-    from advisor.estimate.parallel_analytic import _gathers
+    from advisor.estimate.parallel_analytic import _gathers, gathering_batches
     from advisor.estimate.parallel_moments import _elements
 
     if layout.grad_ranks <= 1:
@@ -301,7 +301,7 @@ def tuned_data_comm(layout: Layout, d: RankDims, stages: list[StageFigures], pp_
     grads = [sum(_elements(u, n) for u in st.units) * d.pw for st in stages]
     params = [g + sum(_elements(u, n) for u in st.frozen_units) * d.pf for g, st in zip(grads, stages)]
     gathers = _gathers(layout, pp_rank, len(stages))
-    out = {"dp": {"all_gather": grad_accum * sum(g * p for g, p in zip(gathers, params)),
+    out = {"dp": {"all_gather": gathering_batches(layout, grad_accum) * sum(g * p for g, p in zip(gathers, params)),
                   "reduce_scatter": sum(grads)}}
     if layout.dp_replicate > 1:
         out["replicate"] = {"all_reduce": sum(grads) // n}

@@ -119,23 +119,20 @@ def _run(workload: Workload, layout: Layout, rank: int, batch_size: int, tracker
     param_bytes = sum(tracker.bytes_of(p) for p in params)
     tracker.param_keys = {local_tensor(p).untyped_storage()._cdata for p in params}
     phases = _PhaseWatch(tracker, program.model, program)
-    steps, held = accumulated_steps(grad_accum), {}
+    comm: dict[str, int] = {}
     for it in range(TRACED_STEPS):
-        for micro, kwargs in enumerate(steps):
+        for kwargs, times in accumulated_steps(grad_accum):
             tracker.set_phase("batch")
             batch = build_batch(workload, batch_size, fake_mode) if fake_mode is not None \
                 else workload.make_batch(batch_size)
             for t in torch.utils._pytree.tree_flatten(batch)[0]:
                 tracker.track(t)
-            if it == TRACED_STEPS - 1:
-                tracker.comm.reset()
+            tracker.comm.reset()
             program.step(batch, phases, **kwargs)
             del batch
-            if it == TRACED_STEPS - 1 and micro < len(steps) - 1:
-                held = dict(tracker.comm.bytes)  # a micro-step that does not step the optimizer
-    comm = dict(tracker.comm.bytes)
-    for kind, nbytes in held.items():  # the step's other micro-steps are alike
-        comm[kind] = comm.get(kind, 0) + (grad_accum - 1) * nbytes
+            if it == TRACED_STEPS - 1:  # the last step's collectives, each micro-step's for the batches it stands for
+                for kind, nbytes in tracker.comm.bytes.items():
+                    comm[kind] = comm.get(kind, 0) + times * nbytes
     opt_state = sum(tracker.bytes_of(v) for opt in program.optimizers for s in opt.state.values()
                     for v in s.values() if isinstance(v, torch.Tensor))
     return program, {"param_bytes": int(param_bytes), "grad_bytes": int(phases.grad_bytes),

@@ -1,5 +1,7 @@
 """Gradient accumulation in a rank's program: a step's micro-steps add into the same gradients, and the
-data-parallel reduction waits for the last of them (DDP's no_sync, FSDP2's requires_gradient_sync). A pipeline
+data-parallel reduction waits for the last of them (DDP's no_sync, FSDP2's requires_gradient_sync). Under ZeRO-2
+the gathered parameters also stay gathered from one micro-step to the next, so a step gathers each unit once, as
+Megatron-LM's distributed optimizer does. A pipeline
 schedule reduces and scales its stages' gradients at the end of every schedule.step(); on the other micro-steps
 that is held back here, so the last one reduces and scales the sum."""
 
@@ -10,8 +12,10 @@ from typing import Any, Iterator
 
 
 @contextmanager
-def gradient_sync(model: Any, enabled: bool) -> Iterator[None]:
-    """Skip the gradient all-reduce on non-final micro-batches (DDP no_sync, FSDP2's switch)."""
+def gradient_sync(model: Any, enabled: bool, *, keep_gathered: bool = False) -> Iterator[None]:
+    """Skip the gradient reduction on non-final micro-batches (DDP no_sync, FSDP2's switch). `keep_gathered`
+    (FSDP2 that keeps its parameters gathered from forward to backward: ZeRO-2): a non-final micro-batch's backward
+    leaves them gathered too, for the next micro-batch's forward; the last one's reshards them."""
     inner = getattr(model, "_orig_mod", model)  # under torch.compile
     if enabled:
         yield
@@ -20,10 +24,14 @@ def gradient_sync(model: Any, enabled: bool) -> Iterator[None]:
             yield
     elif hasattr(inner, "set_requires_gradient_sync"):
         inner.set_requires_gradient_sync(False)
+        if keep_gathered:
+            inner.set_reshard_after_backward(False)
         try:
             yield
         finally:
             inner.set_requires_gradient_sync(True)
+            if keep_gathered:
+                inner.set_reshard_after_backward(True)
     else:
         yield
 
@@ -80,12 +88,14 @@ def _held_reduction(stage: Any) -> Any:
     return held
 
 
-def accumulated_steps(grad_accum: int) -> list[dict[str, Any]]:
-    """The keyword arguments of a program's `step` for each micro-step that stands for one optimizer step of
-    `grad_accum` batches: one plain step, or a micro-step that only accumulates and the last, which steps. The
-    micro-steps between them do what the first does, the gradients already held as at the last: the peak falls
-    on the last, and each middle one's collectives are the first's."""
+def accumulated_steps(grad_accum: int) -> list[tuple[dict[str, Any], int]]:
+    """The micro-steps that stand for one optimizer step of `grad_accum` batches, each as (the keyword arguments of
+    a program's `step`, how many of the step's batches it stands for): one plain step; or a micro-step that only
+    accumulates, then (from 3 batches) one of the middle ones, which hold the first's gradients (and under ZeRO-2
+    its gathered parameters), then the last, which steps. The peak falls on the last; the step's collectives are
+    the sum."""
     if grad_accum == 1:
-        return [{}]
+        return [({}, 1)]
     scale = 1.0 / grad_accum
-    return [{"loss_scale": scale, "optimizer_step": False}, {"loss_scale": scale, "optimizer_step": True}]
+    accumulate, last = {"loss_scale": scale, "optimizer_step": False}, {"loss_scale": scale, "optimizer_step": True}
+    return [(accumulate, 1)] + ([(accumulate, grad_accum - 2)] if grad_accum > 2 else []) + [(last, 1)]

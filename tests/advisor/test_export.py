@@ -62,6 +62,8 @@ def _expected_fragments(c: TrainingConfig) -> list[str]:
         out.append("DDP(model, device_ids=[local_rank])" if c.device == "cuda" else "DDP(model)")
     if c.strategy.value in ("zero2", "zero3"):
         out.append(f"reshard_after_forward={c.strategy.value == 'zero3'}")
+    if c.strategy.value == "zero2" and c.nproc > 1 and c.grad_accum > 1:  # gathered once a step
+        out.append("model.set_reshard_after_backward(last)")
     if c.fused_backward:
         out.append("register_post_accumulate_grad_hook")
     if c.checkpointing:
@@ -122,12 +124,15 @@ def test_a_fused_backward_script_trains(tmp_path):
     _losses(_run(export(config, WORKLOAD, {}, "python"), tmp_path, 2), 2)
 
 
-def test_a_ddp_script_trains_under_its_torchrun_command(tmp_path):
-    config = TrainingConfig(batch_size=8, grad_accum=2, strategy="ddp", nproc=2)
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_a_data_parallel_script_trains_under_its_torchrun_command(tmp_path, strategy):
+    config = TrainingConfig(batch_size=8, grad_accum=2, strategy=strategy, nproc=2)
+    src = export(config, WORKLOAD, {}, "python")
+    assert all(f in src for f in _expected_fragments(config))
     launch = export(config, WORKLOAD, {}, "torchrun").strip()
     assert launch == "OMP_NUM_THREADS=$(( $(nproc) / 2 )) torchrun --standalone --nnodes 1 --nproc-per-node 2 train.py"
     launch = launch.replace("torchrun", f"{sys.executable} -m torch.distributed.run")
-    assert len(_losses(_run(export(config, WORKLOAD, {}, "python"), tmp_path, 2, launch), 2)) == 2  # both ranks
+    assert len(_losses(_run(src, tmp_path, 2, launch), 2)) == 2  # both ranks
 
 
 @pytest.mark.parametrize("kw, expected", [

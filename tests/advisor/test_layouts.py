@@ -202,14 +202,15 @@ def test_estimate_cli_prints_each_stage_and_refuses_bad_layouts_in_one_line() ->
         assert bad.returncode == 2 and len(lines) == 1 and says in lines[0], bad.stderr
 
 
-def test_an_accumulated_step_of_two_batches_is_one_step_of_both_on_gloo_ranks() -> None:
+def test_an_accumulated_step_of_several_batches_is_one_step_of_all_on_gloo_ranks() -> None:
     """dp 2 zero3 x pp 2: the pipeline's own reduce-scatter and scaling held back on the first batch, the loss
-    scaled by 1/2, the update equals that of one step over both batches' micro-batches."""
+    scaled by 1/2, the update equals that of one step over both batches' micro-batches. dp 4: two steps of three
+    batches each update zero2's parameters, kept gathered from batch to batch, as zero3's."""
     proc = subprocess.run([sys.executable, "-m", "tests.advisor.accumulate_ranks"], capture_output=True, text=True,
                           timeout=180, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-2000:]
     errors, updates = (list(map(float, proc.stdout.split()[i::2])) for i in (0, 1))
-    assert len(errors) == 4 and max(errors) < 1e-5, errors
+    assert len(errors) == 8 and max(errors) < 1e-5, errors
     assert min(updates) > 0  # every stage learns: each later stage sends its input's gradient back
 
 

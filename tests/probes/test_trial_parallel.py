@@ -145,6 +145,21 @@ def test_a_tp_or_pp_trial_accumulates_batches_and_its_estimate_counts_their_coll
     assert r.ranks[0].comm_bytes == {k: 2 * v for k, v in one.items()}
 
 
+def test_a_zero2_trial_gathers_its_parameters_once_a_step_of_three_batches_as_estimated():
+    """ZeRO-2 keeps its gathered parameters from one batch to the next: three batches gather and reduce-scatter
+    as much as one; the ring's all-to-alls run in every batch."""
+    def ranks(grad_accum: int):
+        r = run_trial("tiny-llama", {"nproc": 2, "cp": 2, "strategy": "zero2", "batch_size": 4,
+                                     "grad_accum": grad_accum}, hardware="cpu", budget=ACCUMULATE)
+        assert r.status == TrialStatus.ok, r.error
+        assert all(f.comm_bytes == f.predicted_comm_bytes for f in r.ranks), r.ranks
+        return r.ranks[0].comm_bytes
+
+    one, three = ranks(1), ranks(3)
+    assert three["all_gather"] == one["all_gather"] > 0 and three["reduce_scatter"] == one["reduce_scatter"]
+    assert three["all_to_all"] == 3 * one["all_to_all"]
+
+
 def test_micro_batch_size_gives_the_micro_batches_or_is_refused_in_one_line():
     assert TrainingConfig(nproc=2, pp=2, batch_size=8, micro_batch_size=2).layout().n_microbatches == 4
     assert TrainingConfig(nproc=2, pp=2, batch_size=8, micro_batch_size=2, microbatches=4).layout().n_microbatches == 4
