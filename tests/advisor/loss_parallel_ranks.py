@@ -94,7 +94,7 @@ def _case(rank: int, wl_args: dict, lay_args: dict, knobs: dict) -> str:
         width = logits.to_local().shape[-1] if isinstance(logits, DTensor) else logits.shape[-1]
 
     grads = _gradients_at_step(program)
-    for i, kwargs in enumerate(accumulated_steps(grad_accum)):
+    for i, (kwargs, _) in enumerate(accumulated_steps(grad_accum)):
         got = program.step(tuple(t[i * size:(i + 1) * size] for t in batch), **kwargs)
     error = abs(float(got) - loss.item()) if layout.pp == 1 and layout.cp == 1 and grad_accum == 1 else -1.0
     largest = max(float(g.abs().max()) for g in grads.values())
