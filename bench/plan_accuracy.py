@@ -4,9 +4,9 @@ rule (6 x parameters x tokens at half the peak).
 
 Each row's model is a decoder of its published shape; its family sets what the row does not (GPT-3: GELU MLP,
 LayerNorm, learned positions, biases; Nemotron-4: a two-matrix MLP (squared ReLU), LayerNorm; the rest: SwiGLU,
-RMSNorm). Megatron's distributed optimizer reduce-scatters each gradient once a step beside the backward, steps
-its shard of the optimizer and gathers the updated parameters beside the next forward, so its rows are priced as
-ZeRO-2 (gathered once a step); rows with `fsdp` run FSDP (ZeRO-3). BF16 in Megatron keeps bf16 parameters and
+RMSNorm). Megatron's distributed optimizer reduces each gradient once a step, bucket by bucket beside the last
+micro-batch's backward (reduce-scatter, then all-gather of the parameters: the bytes of DDP's all-reduce), so its
+rows are priced as DDP; rows with `fsdp` run FSDP (ZeRO-3). BF16 in Megatron keeps bf16 parameters and
 activations: `bf16-pure` here. Rows left out, each with its reason: MoE and reduced-layer proxies (not dense), LoRA
 fine-tuning (frozen base weights), FP8.
 
@@ -85,9 +85,9 @@ def _case(row: dict):
                        kv_heads=row["kv_heads"] or row["heads"], ffn_hidden=row["ffn"], vocab=row["vocab"],
                        seq_len=row["seq_len"], **family(row["model"]))
     fsdp = "megatron" not in (row.get("kernels") or "").lower()  # AutoModel (FSDP2), MaxText and PaxML shard
-    strategy = (Strategy.zero3 if fsdp else Strategy.zero2) if dp * cp > 1 else Strategy.single
-    # Layout.model_construct: a published mesh the advisor's own program may not run (uneven stages, say) is
-    # priced all the same
+    strategy = (Strategy.zero3 if fsdp else Strategy.ddp) if dp * cp > 1 else Strategy.single
+    # Layout.model_construct: Megatron's tp with a data-parallel all-reduce is a configuration the advisor's own
+    # program does not run (it needs FSDP2 under tp), but its step is priced the same way
     layout = Layout.model_construct(dp=dp, tp=tp, pp=pp, cp=cp, dp_replicate=1, strategy=strategy,
                                     schedule=PipelineSchedule.interleaved_1f1b if pp > 1 and vp > 1
                                     else PipelineSchedule.one_f_one_b,
@@ -276,7 +276,7 @@ def markdown(report: dict) -> str:
         f"Plan quality (goal: every one): of {len(plans)} published models and GPU counts, the planner's top plan fits",
         "with a predicted throughput at least that of the published configuration, as the same step-time model prices",
         f"it, for {priced}, and within 1% of it for {near} (the published configuration as its framework ran it: its",
-        "memory is that framework's; Megatron-LM's distributed optimizer is priced as ZeRO-2, gathered once a step).",
+        "memory is that framework's; Megatron-LM's distributed optimizer is priced as DDP's all-reduce).",
         f"The published mesh run by the advisor's program fits for {len(compared)}, and for {good} of those the top",
         "plan's predicted throughput is at least the mesh's (both in pure bf16; the mesh with the planner's choice of",
         "data-parallel strategy). Where the published mesh does not fit, the advisor's program needs more memory than",
