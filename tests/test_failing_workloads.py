@@ -157,7 +157,10 @@ def test_tune_of_a_workload_that_aborts_finishes_its_study_with_every_trial_reco
 
 def test_tune_of_a_workload_that_raises_finishes_its_study_with_every_trial_an_error(data_dir):
     proc, _ = _tune(data_dir, FAILING, "raise", 60)
-    _finished_with(data_dir, proc, "error", "RuntimeError: the loss failed on purpose")
+    trials = _finished_with(data_dir, proc, "error", "RuntimeError: the loss failed on purpose")
+    for t in trials:  # the pruning estimate failed and says so; the trial did not spend its time failing it again
+        assert t.estimate["reason"].startswith("no estimate") and t.estimate["total_bytes"] is None, t.estimate
+        assert not any(n.startswith("no estimate") for n in t.result.notes), t.result.notes
 
 
 HANG_TIMEOUT_S = 4

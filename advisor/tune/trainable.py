@@ -112,8 +112,10 @@ def _measure(store, ctx: StudyContext, claim, config: TrainingConfig) -> tuple[T
     if not feas.launch:
         return store.prune_trial(claim, feas.reason, estimate=estimate,
                                  predicted_memory_bytes=feas.total_bytes), estimate_s
+    # the trial records the estimate its launch rests on; where that estimate failed (the workload raised, crashed
+    # or hung while traced: its reason is stored), the trial does not spend its own time failing it again
     result = run_trial(req.workload, config, hardware=hw, workload_args=req.workload_args, budget=req.trial_budget,
-                       prediction=feas.estimate)
+                       prediction=feas.estimate, estimate=feas.estimate is not None)
     if owner_gone(ctx.owner):  # known for a tuner on this host only
         raise TunerGone(f"the tuner {ctx.owner} that claimed this trial ended while it ran")
     rec = store.finish_trial(claim, result, estimate=estimate)
