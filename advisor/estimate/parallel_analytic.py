@@ -299,7 +299,6 @@ def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing
     return out
 
 
-@functools.lru_cache(maxsize=4096)  # the planner sizes the same layouts' stages many times
 def gathering_batches(layout: Layout, grad_accum: int) -> int:
     """How many of a step's `grad_accum` batches gather the FSDP units: one under ZeRO-2 without pp, whose units
     stay gathered from the first batch's forward to the last one's backward (advisor/parallel/accumulate.py);
@@ -307,6 +306,7 @@ def gathering_batches(layout: Layout, grad_accum: int) -> int:
     return 1 if layout.strategy == Strategy.zero2 and layout.pp == 1 else grad_accum
 
 
+@functools.lru_cache(maxsize=4096)  # the planner sizes the same layouts' stages many times
 def _gathers(layout: Layout, pp_rank: int, count: int) -> tuple[int, ...]:
     """All-gathers per FSDP unit of each local stage in a step: a forward or backward that finds the unit sharded
     gathers it; ZeRO-3 reshards after each forward, and after each backward without pp (pipelining keeps the
