@@ -205,7 +205,8 @@ def _data_parallel(comm: dict[str, dict[str, int]], layout: Layout, groups: dict
     """(seconds of the step's data-parallel collectives, seconds of them exposed). DDP reduces bucket by bucket
     beside the last micro-batch's backward, the last bucket after it; ZeRO-1 then broadcasts the updated
     parameters with nothing to overlap. FSDP gathers and reduces its `units` one by one beside the whole step's
-    compute, the first unit's gather and the last one's reduction exposed."""
+    compute, the first unit's gather and the last one's reduction exposed; under pp its reductions wait for the
+    stage's last backward, all exposed."""
     kinds = comm.get("dp", {})
     if not kinds:
         return 0.0, 0.0
@@ -215,11 +216,15 @@ def _data_parallel(comm: dict[str, dict[str, int]], layout: Layout, groups: dict
         exposed = max(reduce - backward, 0.0) + reduce * min(1.0, DDP_BUCKET_BYTES / max(grads, 1))
         broadcast = seconds("broadcast", kinds.get("broadcast", 0), groups["dp"], layout.grad_ranks)
         return reduce + broadcast, exposed + broadcast
-    total = sum(seconds(kind, nbytes, groups["dp"], units) for kind, nbytes in kinds.items())
-    replicate = comm.get("replicate", {})
-    total += sum(seconds(kind, nbytes, groups["replicate"], units) for kind, nbytes in replicate.items())
-    tail = 2 * total / (2 * units)
-    return total, max(total - compute, 0.0) + tail
+    gather = sum(seconds(kind, n, groups["dp"], units) for kind, n in kinds.items() if kind != "reduce_scatter")
+    reduce = seconds("reduce_scatter", kinds.get("reduce_scatter", 0), groups["dp"], units)
+    reduce += sum(seconds(kind, n, groups["replicate"], units) for kind, n in comm.get("replicate", {}).items())
+    if layout.pp > 1:
+        # torch's pipelining reduces an FSDP stage's gradients once its last backward is done (the schedule's
+        # REDUCE_GRAD action, PipelineStage.perform_reduce_grad): no compute is left to hide them
+        return gather + reduce, max(gather - compute, 0.0) + gather / units + reduce
+    total = gather + reduce
+    return total, max(total - compute, 0.0) + total / units
 
 
 # parameter-sized tensors an optimizer step reads and writes per element: Adam reads the parameter, its gradient

@@ -81,6 +81,16 @@ def test_the_breakdown_adds_up_and_the_bubble_is_the_schedules() -> None:
         assert set(b.comm_s) == {"tp", "pp", "dp"}
 
 
+def test_under_pp_an_fsdp_stage_reduces_its_gradients_after_its_last_backward() -> None:
+    """torch's pipelining reduce-scatters an FSDP stage's gradients once its backwards are done: exposed, where
+    without pp they run beside the step. ZeRO-2 gathers once and reduces once, the same bytes each way."""
+    piped = _step(Layout(dp=8, pp=8, strategy=Strategy.zero2, microbatches=16)).breakdown
+    flat = _step(Layout(dp=64, strategy=Strategy.zero2)).breakdown
+    # pipeline sends are exposed whole: what is left is data parallel's
+    assert piped.exposed_comm_s - piped.comm_s["pp"] > 0.45 * piped.comm_s["dp"] > 0
+    assert flat.exposed_comm_s < 0.05 * flat.comm_s["dp"]
+
+
 def test_recompute_accumulation_and_crossing_nodes_cost_what_they_should() -> None:
     lay = Layout(dp=8, tp=8, strategy=Strategy.zero3)
     none, full = _step(lay), _step(lay, checkpointing=Checkpointing.full)
