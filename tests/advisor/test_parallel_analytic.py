@@ -232,13 +232,17 @@ def test_offload_params_needs_the_layout_to_shard_the_parameters() -> None:
         estimate_layout("tiny-llama", "cpu:2", Layout(tp=2), req)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2-zero3-tp2", "dp2-zero2-tp2"])
+# accumulation's layouts: ZeRO-2 keeps its gathered parameters from batch to batch, ZeRO-3 gathers them every batch
+ACCUMULATED = {name: LAYOUTS[name] for name in ("tp2", "pp2", "dp2-zero3-tp2")} | {
+    "dp2-zero2-tp2": Layout(dp=2, tp=2, strategy=Strategy.zero2)}
+
+
+@pytest.mark.parametrize("layout", list(ACCUMULATED))
 def test_accumulation_holds_the_gradients_and_runs_the_collectives_of_every_batch(layout: str) -> None:
     """grad_accum 2: the peak is the last batch's, every gradient already held; tensor and pipeline parallel
     collectives run per batch, the data-parallel reduction once a step (ZeRO-2's gathers too); traced and analytic
     agree."""
-    lay = LAYOUTS.get(layout) or Layout(dp=2, tp=2, strategy=Strategy.zero2)
-    wl = get_preset("decoder")(**SHAPES["llama"])
+    lay, wl = ACCUMULATED[layout], get_preset("decoder")(**SHAPES["llama"])
     rises = []
     for pp_rank in range(lay.pp):
         traced = {k: trace_rank(wl, lay, pp_rank * (lay.world // lay.pp), BATCH, precision=Precision.fp32,
