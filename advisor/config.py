@@ -39,6 +39,12 @@ class Strategy(str, Enum):
     def sharded(self) -> bool:
         return self in (Strategy.zero1, Strategy.zero2, Strategy.zero3)
 
+    @property
+    def keeps_gathered(self) -> bool:
+        """Whether its FSDP units, once gathered in a step's first forward, stay gathered to its last backward (ZeRO-2:
+        advisor/parallel/accumulate.py), where ZeRO-3 gathers them again for each forward and backward."""
+        return self is Strategy.zero2
+
 
 class Checkpointing(str, Enum):
     """Activation checkpointing of the model's repeated blocks (advisor.training.apply_activation_checkpointing).

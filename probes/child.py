@@ -105,11 +105,10 @@ class _Stepper:
 
     def _train(self, batch: Any, last: bool) -> None:
         """Forward and backward of one micro-batch; the optimizer steps after the `last` one."""
-        from advisor.config import Strategy
         from advisor.parallel.accumulate import gradient_sync
         from advisor.training import train_step
 
-        with gradient_sync(self.ctx.model, last, keep_gathered=self.config.strategy == Strategy.zero2):
+        with gradient_sync(self.ctx.model, last, keep_gathered=self.config.strategy.keeps_gathered):
             train_step(self.ctx, batch, loss_scale=1.0 / self.config.grad_accum, step=last)
 
 

@@ -303,7 +303,7 @@ def gathering_batches(layout: Layout, grad_accum: int) -> int:
     """How many of a step's `grad_accum` batches gather the FSDP units: one under ZeRO-2 without pp, whose units
     stay gathered from the first batch's forward to the last one's backward (advisor/parallel/accumulate.py);
     each, otherwise."""
-    return 1 if layout.strategy == Strategy.zero2 and layout.pp == 1 else grad_accum
+    return 1 if layout.strategy.keeps_gathered and layout.pp == 1 else grad_accum
 
 
 @functools.lru_cache(maxsize=4096)  # the planner sizes the same layouts' stages many times

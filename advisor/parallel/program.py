@@ -83,7 +83,7 @@ def build_program(workload: Workload, layout: Layout, *, rank: int, device_type:
         if shard is not None:  # this rank's tokens of every sample, inputs and targets alike
             batch = tuple(shard.shard(t) for t in batch)
         # loss_parallel's ops: train_step runs the loss and its backward
-        with gradient_sync(ctx.model, optimizer_step, keep_gathered=layout.strategy == Strategy.zero2), \
+        with gradient_sync(ctx.model, optimizer_step, keep_gathered=layout.strategy.keeps_gathered), \
                 loss_context(sharded):
             return train_step(ctx, batch, phase, loss_scale=loss_scale, step=optimizer_step, **kwargs)
 

@@ -133,7 +133,7 @@ def _rank_step(arch: DecoderArch, hw: HardwareSpec, layout: Layout, pp_rank: int
     compute = m * (fwd + bwd)
     # 1F1B's fill and drain: (pp - 1) / v micro-batch times of the rank, each of the grad_accum schedules
     bubble = (layout.pp - 1) / layout.virtual_stages * (compute + exposed) / m * grad_accum if layout.pp > 1 else 0.
-    dp, dp_exposed = _data_parallel(comm, layout, groups, compute, bwd, sum(len(st.units) for st in stages))
+    dp, dp_exposed = _data_parallel(comm, layout, groups, (fwd, bwd, m), sum(len(st.units) for st in stages))
     elements = sum(sum(a * b for a, b in u) for st in stages for u in st.units)
     opt = _optimizer_s(elements, layout, optimizer, d.pw, rates, offload)
     breakdown = StepBreakdown(compute_s=compute, exposed_comm_s=exposed + dp_exposed, bubble_s=bubble,
@@ -200,31 +200,40 @@ def _priced(kinds: dict[str, int], g: Group, calls: int) -> float:
     return sum(seconds(kind, nbytes, g, share) for kind, nbytes in kinds.items())
 
 
-def _data_parallel(comm: dict[str, dict[str, int]], layout: Layout, groups: dict[str, Group], compute: float,
-                   backward: float, units: int) -> tuple[float, float]:
-    """(seconds of the step's data-parallel collectives, seconds of them exposed). DDP reduces bucket by bucket
-    beside the last micro-batch's backward, the last bucket after it; ZeRO-1 then broadcasts the updated
-    parameters with nothing to overlap. FSDP gathers and reduces its `units` one by one beside the whole step's
-    compute, the first unit's gather and the last one's reduction exposed; under pp its reductions wait for the
-    stage's last backward, all exposed."""
+def _data_parallel(comm: dict[str, dict[str, int]], layout: Layout, groups: dict[str, Group],
+                   micro_batch: tuple[float, float, int], units: int) -> tuple[float, float]:
+    """(seconds of the step's data-parallel collectives, seconds of them exposed); `micro_batch`: (forward s,
+    backward s, micro-batches a step). A step's gradients exist only in its last micro-batch's backward (the others
+    accumulate without syncing: advisor/parallel/accumulate.py), so every reduction hides behind that backward
+    alone. DDP reduces bucket by bucket, the last bucket after it; ZeRO-1 then broadcasts the updated parameters
+    with nothing to overlap. FSDP gathers its `units` one by one ahead of the compute that needs them: ZeRO-3 in
+    each micro-batch's forward and again in its backward, ZeRO-2 once, in the first forward (it keeps them
+    gathered); the first unit's gather and the last one's reduction are exposed. Under pp an FSDP stage's
+    reductions wait for its last backward, all exposed."""
+    fwd, bwd, m = micro_batch
     kinds = comm.get("dp", {})
     if not kinds:
         return 0.0, 0.0
     if layout.strategy in (Strategy.ddp, Strategy.zero1):
         grads = kinds.get("all_reduce", 0)
         reduce = seconds("all_reduce", grads, groups["dp"], -(-grads // DDP_BUCKET_BYTES))
-        exposed = max(reduce - backward, 0.0) + reduce * min(1.0, DDP_BUCKET_BYTES / max(grads, 1))
+        exposed = max(reduce - bwd, 0.0) + reduce * min(1.0, DDP_BUCKET_BYTES / max(grads, 1))
         broadcast = seconds("broadcast", kinds.get("broadcast", 0), groups["dp"], layout.grad_ranks)
         return reduce + broadcast, exposed + broadcast
     gather = sum(seconds(kind, n, groups["dp"], units) for kind, n in kinds.items() if kind != "reduce_scatter")
     reduce = seconds("reduce_scatter", kinds.get("reduce_scatter", 0), groups["dp"], units)
     reduce += sum(seconds(kind, n, groups["replicate"], units) for kind, n in comm.get("replicate", {}).items())
+    total = gather + reduce
     if layout.pp > 1:
         # torch's pipelining reduces an FSDP stage's gradients once its last backward is done (the schedule's
         # REDUCE_GRAD action, PipelineStage.perform_reduce_grad): no compute is left to hide them
-        return gather + reduce, max(gather - compute, 0.0) + gather / units + reduce
-    total = gather + reduce
-    return total, max(total - compute, 0.0) + total / units
+        return total, max(gather - m * (fwd + bwd), 0.0) + gather / units + reduce
+    if layout.strategy.keeps_gathered:  # ZeRO-2: all of the step's gathers in the first forward
+        return total, max(gather - fwd, 0.0) + max(reduce - bwd, 0.0) + total / units
+    # ZeRO-3: each micro-batch gathers its share, half for its forward and half again for its backward
+    share = gather / m
+    exposed = (m - 1) * max(share - fwd - bwd, 0.0) + max(share / 2 - fwd, 0.0) + max(share / 2 + reduce - bwd, 0.0)
+    return total, exposed + total / units
 
 
 # parameter-sized tensors an optimizer step reads and writes per element: Adam reads the parameter, its gradient

@@ -91,6 +91,20 @@ def test_under_pp_an_fsdp_stage_reduces_its_gradients_after_its_last_backward() 
     assert flat.exposed_comm_s < 0.05 * flat.comm_s["dp"]
 
 
+def test_accumulated_micro_batches_give_a_steps_fsdp_reduction_no_more_cover() -> None:
+    """A step's gradients exist only in its last micro-batch's backward (the others accumulate without syncing), so
+    its reduce-scatter hides behind that backward alone, however many micro-batches ran before; ZeRO-2's gathers,
+    made once and kept, hide behind the first forward alone. Here one micro-batch's backward cannot cover its
+    re-gathers and the reduction together."""
+    arch = LLAMA_70B.model_copy(update={"seq_len": 3400})
+    for strategy in (Strategy.zero2, Strategy.zero3):
+        one, eight = (_step(Layout(dp=64, strategy=strategy), accum=a, arch=arch).breakdown for a in (1, 8))
+        assert eight.compute_s == pytest.approx(8 * one.compute_s)
+        assert eight.exposed_comm_s >= one.exposed_comm_s > 0.08 * one.comm_s["dp"], strategy
+        if strategy == Strategy.zero2:  # gathered once, reduced once: the same collectives, as exposed
+            assert (eight.comm_s["dp"], eight.exposed_comm_s) == pytest.approx((one.comm_s["dp"], one.exposed_comm_s))
+
+
 def test_recompute_accumulation_and_crossing_nodes_cost_what_they_should() -> None:
     lay = Layout(dp=8, tp=8, strategy=Strategy.zero3)
     none, full = _step(lay), _step(lay, checkpointing=Checkpointing.full)
