@@ -187,7 +187,8 @@ TUNE_UNLOADABLE = {  # mode: (the workload, extra environment, what the one line
 @pytest.mark.parametrize("mode", list(TUNE_UNLOADABLE))
 def test_tune_of_a_workload_that_cannot_load_fails_fast_without_a_study(data_dir, mode):
     workload, env, says = TUNE_UNLOADABLE[mode]
-    proc, wall = _tune(data_dir, workload, mode, 60, env=env)
+    timeout_s = 60
+    proc, wall = _tune(data_dir, workload, mode, timeout_s, env=env)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("advisor tune: ") and says in lines[0], proc.stderr[-3000:]
@@ -195,4 +196,5 @@ def test_tune_of_a_workload_that_cannot_load_fails_fast_without_a_study(data_dir
         assert "past the memory cap of 1,431 MiB" in lines[0], lines
     # Ray starts beside the loading and goes with it: no store, no study, no Ray left
     assert not (data_dir / "advisor.db").exists() and not (data_dir / "ray").exists(), list(data_dir.iterdir())
-    assert wall < 30, wall
+    # within one trial's time limit, so no trial ran (7 s alone on two cores, over 30 s beside busy tests)
+    assert wall < timeout_s, wall
