@@ -230,9 +230,9 @@ def _data_parallel(comm: dict[str, dict[str, int]], layout: Layout, groups: dict
         return total, max(gather - m * (fwd + bwd), 0.0) + gather / units + reduce
     if layout.strategy.keeps_gathered:  # ZeRO-2: all of the step's gathers in the first forward
         return total, max(gather - fwd, 0.0) + max(reduce - bwd, 0.0) + total / units
-    # ZeRO-3: each micro-batch gathers its share, half for its forward and half again for its backward
-    share = gather / m
-    exposed = (m - 1) * max(share - fwd - bwd, 0.0) + max(share / 2 - fwd, 0.0) + max(share / 2 + reduce - bwd, 0.0)
+    # ZeRO-3: each micro-batch gathers its share, half beside its forward and half again beside its backward
+    half = gather / m / 2
+    exposed = m * max(half - fwd, 0.0) + (m - 1) * max(half - bwd, 0.0) + max(half + reduce - bwd, 0.0)
     return total, exposed + total / units
 
 
