@@ -161,7 +161,7 @@ def _estimate(workload: str, wargs: dict[str, Any], config: TrainingConfig, hw: 
         request = EstimateRequest.of(config.batch_size, precision=config.precision, optimizer=config.optimizer,
                                      strategy=config.strategy, checkpointing=config.checkpointing,
                                      fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
-        options = EstimateOptions(calibrate=False, compile_mode=config.compile_mode.value, exact_largest=False)
+        options = EstimateOptions(calibrate=False, compile_mode=config.compile_mode.value, largest=False)
         return isolation.estimate(workload, hw, request, options, workload_args=wargs, timeout_s=timeout_s,
                                   memory_cap_bytes=memory_cap_bytes, reuse=True)
 

@@ -36,8 +36,8 @@ class Feasibility(BaseModel):
                                     description="Estimated peak per device, without the CUDA context (bytes).")
     runtime_bytes: int | None = Field(default=None, description="CUDA context and library workspaces (bytes).")
     usable_bytes: int | None = Field(default=None, description="Device memory less the margin (bytes).")
-    max_batch_size: int | None = Field(default=None,
-                                       description="Largest batch the estimate fits with these knobs (samples).")
+    max_batch_size: int | None = Field(default=None, description="Largest batch the estimate fits with these "
+                                       "knobs, where the configuration's batch does not fit (samples).")
     _estimate: Any = PrivateAttr(default=None)
 
     @property
@@ -134,11 +134,15 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
     request = EstimateRequest.of(config.batch_size, precision=config.precision, optimizer=config.optimizer,
                                  strategy=config.strategy, checkpointing=config.checkpointing,
                                  fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
-    options = EstimateOptions(calibrate=False, margin=margin, compile_mode=config.compile_mode.value,
-                              exact_largest=False)
+    # the request's own batch only (one trace): the largest batch is solved only for a batch that does not fit
+    options = EstimateOptions(calibrate=False, margin=margin, compile_mode=config.compile_mode.value, largest=False)
+
+    def estimate(options: EstimateOptions):  # noqa: ANN202 - a MemoryEstimate
+        return isolation.estimate(workload, target, request, options, workload_args=workload_args,
+                                  timeout_s=timeout_s, reuse=True)  # the trial's runner asks for the same next
+
     try:
-        est = isolation.estimate(workload, target, request, options, workload_args=workload_args, timeout_s=timeout_s,
-                                 reuse=True)  # the trial's runner asks for the same estimate next
+        est = estimate(options)
     except (EstimateError, TrialError, WorkloadFailed) as exc:  # TrialError: the real-step fallback failed too
         return Feasibility(launch=True, reason=f"no estimate ({exc}); launching to measure")
     sharing = config.nproc if hardware.device_type == "cpu" else 1
@@ -148,11 +152,16 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
     if launch:
         reason = f"fits: {need / GiB:.2f} GiB predicted{ranks} of {est.usable_bytes / GiB:.2f} GiB usable"
     else:
-        largest = f"largest batch that fits: {est.max_batch_size}" if est.max_batch_size else "no batch fits"
+        try:  # the decision stands on the first answer
+            max_batch = estimate(options.model_copy(update={"largest": True, "exact_largest": False})).max_batch_size
+        except (EstimateError, TrialError, WorkloadFailed) as exc:
+            max_batch, largest = None, f"largest batch not estimated ({exc})"
+        if max_batch is not None:
+            largest = f"largest batch that fits: {max_batch}" if max_batch else "no batch fits"
         reason = (f"predicted {need / GiB:.2f} GiB{ranks} exceeds {est.usable_bytes / GiB:.2f} GiB usable "
                   f"({est.device_memory_bytes / GiB:.2f} GiB less the margin); {largest}")
     return Feasibility(launch=launch, reason=reason, total_bytes=est.total_bytes, runtime_bytes=est.runtime_bytes,
-                       usable_bytes=est.usable_bytes, max_batch_size=est.max_batch_size).resting_on(est)
+                       usable_bytes=est.usable_bytes, max_batch_size=None if launch else max_batch).resting_on(est)
 
 
 def _decide_layout(workload: "Workload | str", workload_args: dict[str, Any] | None, hardware: HardwareSpec,

@@ -75,9 +75,13 @@ def estimate_fitted(workload: Workload | str, hardware: HardwareSpec | str, requ
     total, runtime = fit.ev.total(batch, runs=True)
     breakdown = _breakdown(parts, total)
     fits = total + runtime <= usable
-    by_strategy = _largest(case, fit, usable, probe_gpu, notes)
     own = req.strategy.value
-    if not fits and by_strategy[own] >= batch:  # real runs at the batch outweigh the line there
+    if case.options.largest:
+        by_strategy = _largest(case, fit, usable, probe_gpu, notes)
+    else:
+        by_strategy = {}
+        notes.append(f"largest batch not asked for: the step traced at batch {batch} only")
+    if not fits and by_strategy.get(own, -1) >= batch:  # real runs at the batch outweigh the line there
         notes.append(f"largest batch {by_strategy[own]} -> {batch - 1}: the real runs at batch {batch} say it does "
                      "not fit")
         by_strategy[own] = batch - 1
@@ -86,7 +90,7 @@ def estimate_fitted(workload: Workload | str, hardware: HardwareSpec | str, requ
         workload=case.wl.name, hardware=hw.accelerator.name, request=req, world_size=hw.world_size,
         predicts=_predicts(hw), total_bytes=total, allocated_bytes=ov.allocated, breakdown=breakdown,
         runtime_bytes=runtime, device_memory_bytes=hw.memory_per_device_bytes, usable_bytes=usable, fits=fits,
-        max_batch_size=by_strategy[own], max_batch_by_strategy=by_strategy, method=used,
+        max_batch_size=by_strategy.get(own), max_batch_by_strategy=by_strategy, method=used,
         calibrated=fit.calibrated, refined_by=len(fit.points), num_params=tr.num_params,
         flops_per_step=tr.flops_per_step, predicted_step_s=step_s, predicted_samples_per_s=samples_s, notes=notes,
         seconds=time.perf_counter() - t0)
@@ -208,10 +212,16 @@ def _preset(case: Case) -> tuple[str, str] | None:
 
 
 def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu", cuda: bool = False,
-                 reduce_gpu: ReduceGpu | None = None, preset: tuple[str, str] | None = None) -> BatchModel:
+                 reduce_gpu: ReduceGpu | None = None, preset: tuple[str, str] | None = None,
+                 largest: bool = True) -> BatchModel:
+    """The batch model of the request's step: traces at its batch and at 2x or half of it (the line the largest
+    batch is solved on), or, without `largest`, at its batch alone (any other batch is traced on its own)."""
     retrace = _tracer(wl, req, cpu, device_type, cuda, reduce_gpu, preset=preset)
 
     a = req.batch_size
+    if not largest:
+        return BatchModel(a=a, trace_a=retrace(a), retrace=lambda b: retrace(b, False),
+                          tracer=lambda b: retrace(b, False))
     if a == 1:
         # Batch 1 often takes other kernels' paths (e.g. matmuls folded differently) than larger
         # batches, so it is traced exactly and the batch scaling comes from traces at 2 and 4.
@@ -236,7 +246,7 @@ def _choose_batch_model(case: Case, notes: list[str], cuda: bool,
                           retrace=lambda b: analytic_trace(wl, b, req)), "analytic"
     try:
         return _batch_model(wl, req, _local_cpu(case.hw), case.hw.device_type, cuda, reduce_gpu,
-                            _preset(case)), "traced"
+                            _preset(case), case.options.largest), "traced"
     except EstimateError as exc:
         if not isinstance(case.workload, str):
             raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "

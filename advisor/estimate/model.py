@@ -85,8 +85,13 @@ class EstimateOptions(BaseModel):
                               "measured peaks).")
     exact_largest: bool = Field(
         default=True, description="Where kernels' scratch is not affine in the batch, search the largest batch again "
-        "on exact traces (up to largest.EXACT_TRACES more). False for callers that need only the request's own "
-        "batch (the tuner's pruning, a trial's prediction): the largest batch is the traces' line's, said in a note.")
+        "on exact traces (up to largest.EXACT_TRACES more). False: the largest batch is the traces' line's, said in "
+        "a note (the tuner's pruning, naming it where a configuration's batch does not fit).")
+    largest: bool = Field(
+        default=True, description="Answer the largest batch that fits (max_batch_size, max_batch_by_strategy). "
+        "False: the request's own batch only, from one trace where the step traces (the batch model's second "
+        "trace is what the largest batch is solved on); max_batch_size is then None. For callers that decide "
+        "one configuration: the tuner's pruning asks again with it where the batch does not fit.")
 
 
 class Breakdown(BaseModel):
@@ -123,8 +128,8 @@ class MemoryEstimate(BaseModel):
     device_memory_bytes: int = Field(description="Memory of one device (bytes).")
     usable_bytes: int = Field(description="Device memory less the safety margin (bytes).")
     fits: bool
-    max_batch_size: int = Field(description="Largest micro-batch that fits with this configuration (samples); "
-                                "0 if none.")
+    max_batch_size: int | None = Field(description="Largest micro-batch that fits with this configuration (samples); "
+                                       "0 if none; None where the options did not ask for it (largest=False).")
     max_batch_by_strategy: dict[str, int] = Field(default_factory=dict,
                                                   description="Largest batch per strategy (samples).")
     method: Literal["traced", "analytic", "measured"] = Field(description="How allocated_bytes was obtained.")

@@ -416,7 +416,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     inline = _inline(req, _check_target(req))  # a wrong hardware, space or fix is told before anything starts
     # Ray starts here while a thread loads the workload in its isolated worker and opens the store (seconds
     # each, mostly other processes' imports); a workload that cannot load leaves no store, study or Ray behind
-    opening = _Opening(req)
+    opening = _Opening(req, ahead=inline)  # a local Ray's trials estimate in their actors' own workers
     started, made = False, None
     try:
         if inline:
@@ -457,7 +457,7 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
                 servers = fork_servers() if req.ray_address is None else {}
             ctx = ctx.model_copy(update={"fork_servers": servers})
             stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result,
-                                 inline=inline, held={r.id for r in finished}))
+                                 inline=inline, held={r.id for r in finished}, ahead=opening.wait_ahead))
     finally:
         if started:
             stopping = time.monotonic()
@@ -491,8 +491,10 @@ class _Opening:
     thread of their own; `result()` waits for them and raises what they raised. A daemon thread: a run stopped
     meanwhile (SIGTERM) does not wait on the workload."""
 
-    def __init__(self, req: TuneRequest) -> None:
+    def __init__(self, req: TuneRequest, *, ahead: bool = False) -> None:
         self._req, self._out, self._error = req, None, None
+        self._ahead: threading.Thread | None = None
+        self._ahead_wanted = ahead
         self._thread = threading.Thread(target=self._run, daemon=True, name="advisor-tune-open")
         self._thread.start()
 
@@ -501,6 +503,10 @@ class _Opening:
 
         try:
             wl, hw, space, context, base = _prepare(self._req)
+            if self._ahead_wanted:  # beside the store and the study (a second): see `wait_ahead`
+                self._ahead = threading.Thread(target=_feasibility_of, args=(self._req, hw, base), daemon=True,
+                                               name="advisor-tune-ahead")
+                self._ahead.start()
             store = open_store(self._req.db)
             study, ctx = _open_study(self._req, store, wl, hw, space, _objective(self._req, bool(wl.tokens_per_sample)))
             # at once, not once Ray is up: a killed run's trial in flight is marked before its orphaned actor
@@ -516,14 +522,35 @@ class _Opening:
             raise self._error
         return self._out
 
+    def wait_ahead(self) -> float:
+        """Wait for the baseline's memory estimate, made in the isolation worker while this process opened the
+        store and the study and the first trial asks for it from the pruning's cache; the seconds waited. It
+        ends before any trial starts: an estimate beside a trial would take a core from its measurement."""
+        t0 = time.monotonic()
+        if self._ahead is not None:
+            self._ahead.join()
+        return time.monotonic() - t0
+
+
+def _feasibility_of(req: TuneRequest, hw, config) -> None:  # noqa: ANN001 - a HardwareSpec, a TrainingConfig
+    """The pruning's decision on `config`, kept in its cache for the trial that asks next (trainable._measure's
+    call, the same arguments); a failure here is that trial's to meet and record."""
+    from search_spaces import feasibility
+
+    try:
+        feasibility(req.workload, req.workload_args, hw, config, req.margin, req.trial_budget.timeout_s / 2)
+    except Exception:  # noqa: BLE001 - asked again by the trial, which records what it raises
+        log.debug("the baseline's estimate ahead of its trial failed", exc_info=True)
+
 
 def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining, on_result, *,
-            inline: bool, held: set[int]) -> dict[str, Any]:
+            inline: bool, held: set[int], ahead: Callable[[], float] | None = None) -> dict[str, Any]:
     """One experiment: the queued configurations (baseline, retries) first, then OptunaSearch over the space, one
     trial per suggestion, until the budget is spent. Under Ray (started by the caller) one Ray Tune experiment
     keeps one Ray actor (reuse_actors), and with it one fork server and one isolation worker, from the first
     trial to the last; `inline`, this process runs each trial in turn (`_run_inline`). `target` is (space,
-    context, baseline); `held`, the ids of the study's trials finished before the run."""
+    context, baseline); `held`, the ids of the study's trials finished before the run; `ahead()` waits for an
+    estimate made ahead of the first trial (`_Opening.wait_ahead`): its wait counts as the estimates'."""
     from advisor.tune.ray_hooks import ProgressCallback
     from advisor.tune.searcher import MAX_REDRAWS, QueueThenSearch
 
@@ -547,6 +574,8 @@ def _search(req, hw, target, ctx: StudyContext, store, study, queued, remaining,
                              metric=["objective", "memory"] if multi else "objective",
                              mode=["max", "min"] if multi else "max", confirm=None if multi else confirm)
     num_samples = len(queued) + remaining * DUPLICATE_FACTOR
+    if ahead is not None:
+        budget.estimate_s += ahead()
     try:
         if inline:
             _run_inline(req, ctx, budget, callback, search, num_samples)

@@ -124,7 +124,7 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
                for e in asked.values()), asked[2].notes
     assert (at(got[2]).fits, at(got[2] + 1).fits) == (True, False)
 
-    # The tuner's pruning and a trial's prediction need only the request's own batch: two traces, not the search's
+    # A caller that needs only the request's own batch and the line's largest batch: two traces, not the search's
     # (up to 8 more, each probing every product), the same total, and a note that the largest batch is the line's.
     from advisor.trial import TrainingConfig
     from search_spaces import feasibility
@@ -147,8 +147,11 @@ def test_where_16_bit_products_hold_scratch_the_largest_batch_is_one_an_exact_tr
     from advisor.workload import load_workload
 
     bert = load_workload("tiny-bert", {"seq_len": 512})
+    # the tuner's pruning decides one batch: one trace, the same total, no largest batch
     feas = feasibility(bert, None, hw, TrainingConfig(batch_size=2, precision="bf16"), None)
-    assert feas.launch and feas.max_batch_size == line.max_batch_size and sorted(traced) == [2, 4], traced
+    assert feas.launch and sorted(traced) == [2], traced
+    assert (feas.total_bytes, feas.max_batch_size, feas.estimate.max_batch_size) == (line.total_bytes, None, None)
+    assert any("largest batch not asked for" in n for n in feas.estimate.notes), feas.estimate.notes
 
 
 @pytest.mark.parametrize("share", [None, 0.0])
@@ -198,21 +201,28 @@ def test_a_trace_does_not_depend_on_what_the_process_ran_before():
     assert np.array_equal(first.ids, again.ids)
 
 
-def test_estimates_of_a_preset_share_its_traces_and_answer_as_a_fresh_trace_would(monkeypatch):
+@pytest.fixture
+def traced(monkeypatch) -> list[int]:
+    """The batch sizes the estimator traces from here on, with no step kept from before."""
+    from advisor.estimate import estimator
+
+    monkeypatch.setattr(estimator, "_TRACES", estimator._TRACES.__class__())
+    batches: list[int] = []
+
+    def counted(wl, b, **kw):
+        batches.append(b)
+        return trace_training(wl, b, **kw)
+
+    monkeypatch.setattr(estimator, "trace_training", counted)
+    return batches
+
+
+def test_estimates_of_a_preset_share_its_traces_and_answer_as_a_fresh_trace_would(traced):
     # A tuner's isolated worker estimates one batch size after another, and the batch model traces b beside 2b or
     # b/2: batch 4 after 2 and 8 traces nothing new, and answers exactly as where nothing was kept.
     from pathlib import Path
 
     from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory, estimator
-
-    monkeypatch.setattr(estimator, "_TRACES", estimator._TRACES.__class__())
-    traced: list[int] = []
-
-    def counted(wl, b, **kw):
-        traced.append(b)
-        return trace_training(wl, b, **kw)
-
-    monkeypatch.setattr(estimator, "trace_training", counted)
 
     def at(b: int, workload: str = "tiny-gpt2", args: dict | None = None):
         return estimate_memory(workload, "cpu", EstimateRequest(batch_size=b), EstimateOptions(
@@ -234,3 +244,25 @@ def test_estimates_of_a_preset_share_its_traces_and_answer_as_a_fresh_trace_woul
     pooled = f"{Path(__file__).with_name('pooled_mean.py')}:build"
     at(2, pooled, {"points": 16}), at(2, pooled, {"points": 16})
     assert sorted(traced) == [2, 2, 4, 4]
+
+
+def test_a_decision_on_one_batch_traces_that_batch_alone_and_a_batch_that_does_not_fit_names_the_largest(traced):
+    # The tuner's pruning (largest=False) traces the configuration's own batch and answers its total as the
+    # two-trace estimate does; a batch that does not fit is estimated again for the largest batch its reason names.
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory
+    from advisor.hardware import get_hardware
+    from advisor.trial import TrainingConfig
+    from search_spaces import feasibility
+    from search_spaces.prune import FEASIBILITY_CACHE
+
+    FEASIBILITY_CACHE.clear()
+    gpt2, gpu = load_workload("tiny-gpt2", {"seq_len": 64}), get_hardware("tiny")  # a 1 GiB GPU
+    fits = feasibility(gpt2, None, gpu, TrainingConfig(device="cuda", batch_size=8), 0.05)
+    assert fits.launch and traced == [8] and fits.max_batch_size is None
+    both = estimate_memory(gpt2, gpu, EstimateRequest(batch_size=8), EstimateOptions(calibrate=False, margin=0.05))
+    assert both.total_bytes == fits.total_bytes and both.max_batch_size > 8 and sorted(traced) == [4, 8, 8]
+    traced.clear()
+    big = 4 * both.max_batch_size
+    pruned = feasibility(gpt2, None, gpu, TrainingConfig(device="cuda", batch_size=big), 0.05)
+    assert not pruned.launch and traced == [big, big, big // 2], traced  # a workload object's steps are not kept
+    assert 0 < pruned.max_batch_size < big and f"largest batch that fits: {pruned.max_batch_size}" in pruned.reason

@@ -42,7 +42,8 @@ def test_the_estimate_is_cached_per_memory_case(tiny_gpu):
     assert feasibility(WORKLOAD, {}, tiny_gpu, other, 0.05) is first
     assert (FEASIBILITY_CACHE.hits, FEASIBILITY_CACHE.misses) == (1, 1)
     bf16 = feasibility(WORKLOAD, {}, tiny_gpu, TrainingConfig(device="cuda", batch_size=16, precision="bf16"), 0.05)
-    assert FEASIBILITY_CACHE.misses == 2 and bf16.max_batch_size != first.max_batch_size
+    assert FEASIBILITY_CACHE.misses == 2 and bf16.estimate.allocated_bytes != first.estimate.allocated_bytes
+    assert first.max_batch_size is None, "a batch that fits is not searched past"
     feasibility(WORKLOAD, {}, tiny_gpu, base, 0.5)  # another margin is another decision
     assert FEASIBILITY_CACHE.misses == 3
 
