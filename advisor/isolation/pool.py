@@ -33,10 +33,15 @@ from advisor.procmem import group_pss, rss_of
 
 T = TypeVar("T")
 
-# What a worker has imported before it is forked: torch, its fake tensors and the estimator (seconds, once).
+# What a worker has imported before it is forked: torch, its fake tensors, the estimator and a trial rank's runner
+# (seconds, once). One server forks both isolation workers and trial ranks (probes/forkserver.py): a second would
+# import torch again beside the workload's load and the first estimate (bench/demo_orchestration.py). It runs
+# under the storage logger's shim (advisor/alloclog.py), which logs nothing until a rank starts it.
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.utils.checkpoint", "torch._subclasses.fake_tensor",
-           "advisor.workload", "advisor.presets", "advisor.fingerprint", "advisor.estimate",
-           "advisor.estimate.estimator", "advisor.isolation.worker"]
+           "torch.utils.data", "advisor.workload", "advisor.presets", "advisor.fingerprint", "advisor.estimate",
+           "advisor.estimate.estimator", "advisor.isolation.worker", "advisor.training", "probes.child",
+           "probes.loader", "probes.environment"]
+ALLOC_LOG = True
 ENTRY = "advisor.isolation.worker:main"
 POLL_S = 0.05  # how often the parent looks at a running call's worker: its exit and resident set (s)
 GROUP_POLL_S = 1.0  # how often it also sums the worker's process group (calibration runs it started) (s)
@@ -94,7 +99,8 @@ class WorkerPool:
 
     def warm(self) -> None:
         """Start the fork server in the background (its imports take seconds), so the first call does not wait."""
-        threading.Thread(target=get_server, args=(PRELOAD,), daemon=True, name="advisor-isolation-warm").start()
+        threading.Thread(target=get_server, args=(PRELOAD, ALLOC_LOG), daemon=True,
+                         name="advisor-isolation-warm").start()
 
     def call(self, fn: Callable[..., T], *args: Any, what: str, stage: str, timeout_s: float,
              memory_cap_bytes: int, retire: bool = False, **kwargs: Any) -> T:
@@ -218,7 +224,7 @@ class WorkerPool:
         return self._spawn()
 
     def _spawn(self) -> _Worker:
-        server = get_server(PRELOAD)
+        server = get_server(PRELOAD, ALLOC_LOG)
         if not server.wait_ready():
             raise AdvisorError("the isolation fork server did not start (see the log above)")
         n = next(self._ids)
@@ -302,12 +308,12 @@ _DEFAULT_LOCK = threading.Lock()
 
 def fork_server() -> ForkServer:
     """This process's isolation fork server (started now if it was not: its imports take seconds)."""
-    return get_server(PRELOAD)
+    return get_server(PRELOAD, ALLOC_LOG)
 
 
 def use_shared_server(address: str) -> None:
     """Fork this process's isolation workers through the server another process of this host started (`address`)."""
-    use_shared(PRELOAD, False, address)
+    use_shared(PRELOAD, ALLOC_LOG, address)
 
 
 def default_pool() -> WorkerPool:

@@ -450,9 +450,8 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     stats["start_s"] = time.monotonic() - t0  # the workload's load, the store, a local Ray's start (overlapping)
     try:
         if remaining:
-            # a local Ray's actor forks its trials through this process's servers: their imports start now, beside
-            # Tune's start and the first estimate (earlier, they would slow the workload's load and Ray's start);
-            # an inline run started them already (`inline_start`)
+            # a local Ray's actor forks its trials through this process's server, started for the workload's load;
+            # an inline run named it already (`inline_start`)
             if servers is None:
                 servers = fork_servers() if req.ray_address is None else {}
             ctx = ctx.model_copy(update={"fork_servers": servers})

@@ -169,8 +169,9 @@ def _nothing(ctx: StudyContext, status: str) -> dict[str, Any]:
 
 
 def fork_servers() -> dict[str, str]:
-    """This process's trial and isolation fork servers (started now where they were not), by the socket paths a
-    trial's actor on this host forks through (StudyContext.fork_servers)."""
+    """This process's fork servers for trial ranks and isolation workers (one server: advisor/isolation/pool.py;
+    started now where it was not), by the socket paths a trial's actor on this host forks through
+    (StudyContext.fork_servers)."""
     from advisor.isolation.pool import fork_server
     from probes.forkserver import get_server
 
@@ -180,9 +181,9 @@ def fork_servers() -> dict[str, str]:
 
 def inline_start() -> dict[str, str]:
     """`fork_servers()` for a run whose trials `evaluate` runs in this process, called while the run's opening waits
-    on the workload's isolated worker: the servers start then, and the modules the opening and the first trial
-    import next (the store, Alembic, Optuna's storage, the seeds, the runner, the pruning: a second of CPU) are
-    imported now, so that neither waits on them."""
+    on the workload's isolated worker: the modules the opening and the first trial import next (the store,
+    Alembic, Optuna's storage, the seeds, the runner, the pruning: a second of CPU) are imported now, so that
+    neither waits on them."""
     import optuna.storages  # noqa: F401
 
     import advisor.store.migrate  # noqa: F401

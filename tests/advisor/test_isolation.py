@@ -22,7 +22,7 @@ from advisor.errors import SpecError, WorkloadFailed
 from advisor.estimate import EstimateOptions, EstimateRequest
 from advisor.estimate.stages import listening
 from advisor.isolation.forkserver import ForkServer, get_server, use_shared
-from advisor.isolation.pool import PRELOAD, PoolFull, WorkerPool
+from advisor.isolation.pool import ALLOC_LOG, PRELOAD, PoolFull, WorkerPool, fork_server, use_shared_server
 from advisor.workload import describe_workload
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def _descendants(pid: int) -> set[int]:
 def _settles_to(allowed: set[int], grace_s: float = 10.0) -> set[int]:
     """The fork server's processes outside `allowed` once they stop changing (or `grace_s` passed): killed
     workers take a moment to be reaped."""
-    server = get_server(PRELOAD).proc.pid
+    server = fork_server().proc.pid
     deadline = time.monotonic() + grace_s
     while True:
         extra = _descendants(server) - allowed
@@ -71,7 +71,7 @@ def make_pool():
     """WorkerPool(size, queue) for the test; afterwards only their idle workers are left, and after close() none
     (beside what other pools of this process, such as the default one, kept from earlier tests)."""
     pools: list[WorkerPool] = []
-    before = _descendants(get_server(PRELOAD).proc.pid)
+    before = _descendants(fork_server().proc.pid)
 
     def make(size: int = 1, queue: int | None = None) -> WorkerPool:
         pools.append(WorkerPool(size, queue))
@@ -357,13 +357,13 @@ def test_a_client_that_attaches_forks_through_the_server_and_what_it_forked_goes
 def test_a_pool_forks_through_the_shared_server_while_it_answers_and_through_its_own_after():
     """`use_shared`: the pool's workers are the other process's server's forks; a shared server that does not
     answer (gone) leaves the process to start its own."""
-    owner = ForkServer(PRELOAD)  # torch and the estimator imported: seconds
+    owner = ForkServer(PRELOAD, ALLOC_LOG)  # torch and the estimator imported: seconds
     pool = WorkerPool(1)
     try:
-        use_shared(PRELOAD, False, owner.address)
+        use_shared_server(owner.address)
         assert pool.call(os.getppid, what="the call", stage="asking", timeout_s=TIMEOUT_S,
                          memory_cap_bytes=4 << 30) == owner.proc.pid
-        assert get_server(PRELOAD).proc is None  # attached: this process started no server of its own
+        assert fork_server().proc is None  # attached: this process started no server of its own
     finally:
         pool.close()
         owner.close()
@@ -380,8 +380,8 @@ def test_a_pool_forks_through_the_shared_server_while_it_answers_and_through_its
 def test_a_pool_whose_fork_server_died_serves_on_from_a_new_one(make_pool):
     pool = make_pool()
     first = _pid(pool)
-    server = get_server(PRELOAD)
+    server = fork_server()
     server.proc.kill()  # its workers die with it (their parent-death signal), the idle one included
     server.proc.wait(30)
     assert _pid(pool) != first  # a new worker of a new server, not a send to the dead one
-    assert get_server(PRELOAD).proc.pid != server.proc.pid
+    assert fork_server().proc.pid != server.proc.pid
