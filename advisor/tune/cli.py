@@ -84,6 +84,9 @@ def _describe(config_json: str | None) -> str:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from advisor.isolation.pool import default_pool
+
+    default_pool().warm()  # the workload loads in a worker of its fork server, whose imports (seconds) start first
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -83,7 +83,8 @@ def test_the_breakdown_adds_up_and_the_bubble_is_the_schedules() -> None:
 
 def test_under_pp_an_fsdp_stage_reduces_its_gradients_after_its_last_backward() -> None:
     """torch's pipelining reduce-scatters an FSDP stage's gradients once its backwards are done: exposed, where
-    without pp they run beside the step. ZeRO-2 gathers once and reduces once, the same bytes each way."""
+    without pp they run beside the last micro-batch's backward (and the gathers beside the first forward). ZeRO-2
+    gathers once and reduces once, the same bytes each way."""
     piped = _step(Layout(dp=8, pp=8, strategy=Strategy.zero2, microbatches=16)).breakdown
     flat = _step(Layout(dp=64, strategy=Strategy.zero2)).breakdown
     # pipeline sends are exposed whole: what is left is data parallel's
