@@ -22,7 +22,7 @@ from advisor.store.records import Objective, RecordStatus, StudySpec
 from advisor.trial import TrainingConfig
 from advisor.tune.request import TuneRequest
 from advisor.tune.summary import TuneSummary, summarize_study
-from advisor.tune.trainable import StudyContext, evaluate, fork_servers, inline_start, ray_trainable
+from advisor.tune.trainable import StudyContext, evaluate, fork_server_address, inline_imports, ray_trainable
 
 log = logging.getLogger(__name__)
 RAY_TEMP_MAX = 48  # characters: Ray appends ~60 (session_<date>_<pid>/sockets/plasma_store)
@@ -425,7 +425,8 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
             started, made = _ray_init(req)
         import advisor.tune.ray_hooks  # noqa: F401 - Ray Tune's import (a second), beside the opening
         import advisor.tune.searcher  # noqa: F401
-        servers = inline_start() if inline else None  # beside the workload's load: see its docstring
+        if inline:
+            inline_imports()  # beside the workload's load: see its docstring
         wl, hw, space, context, base, store, study, ctx, interrupted = opening.result()
     except BaseException:
         if started:
@@ -450,11 +451,8 @@ def run_tune(req: TuneRequest, *, on_result: Callable[[dict[str, Any], int, int]
     stats["start_s"] = time.monotonic() - t0  # the workload's load, the store, a local Ray's start (overlapping)
     try:
         if remaining:
-            # a local Ray's actor forks its trials through this process's server, started for the workload's load;
-            # an inline run named it already (`inline_start`)
-            if servers is None:
-                servers = fork_servers() if req.ray_address is None else {}
-            ctx = ctx.model_copy(update={"fork_servers": servers})
+            if not inline and req.ray_address is None:  # a local Ray's actor forks through this process's server
+                ctx = ctx.model_copy(update={"fork_server": fork_server_address()})
             stats.update(_search(req, hw, (space, context, base), ctx, store, study, queued, remaining, on_result,
                                  inline=inline, held={r.id for r in finished}, ahead=opening.wait_ahead))
     finally:

@@ -34,9 +34,10 @@ class StudyContext(BaseModel):
     db_url: str
     objective: Objective
     owner: str = Field(description="host:pid of the tuner driver: claims are its, so they die with it (SIGKILL).")
-    fork_servers: dict[str, str] = Field(
-        default_factory=dict, description="The driver's fork servers ('trial', 'isolation': socket paths) for a "
-        "local Ray's trials to fork through, so that an actor imports no torch before its first trial.")
+    fork_server: str | None = Field(
+        default=None, description="The socket path of the driver's fork server (trial ranks and isolation workers "
+        "fork from it) for a local Ray's trials to fork through, so that an actor imports no torch before its first "
+        "trial.")
 
     @property
     def metric(self) -> str:
@@ -168,22 +169,19 @@ def _nothing(ctx: StudyContext, status: str) -> dict[str, Any]:
             **({"memory": MEMORY_PENALTY} if len(ctx.objective.metrics) > 1 else {})}
 
 
-def fork_servers() -> dict[str, str]:
-    """This process's fork servers for trial ranks and isolation workers (one server: advisor/isolation/pool.py;
-    started now where it was not), by the socket paths a trial's actor on this host forks through
-    (StudyContext.fork_servers)."""
+def fork_server_address() -> str | None:
+    """The socket path of this process's fork server (started now where it was not), which a trial's actor on this
+    host forks through (StudyContext.fork_server); None where no other process can attach."""
     from advisor.isolation.pool import fork_server
-    from probes.forkserver import get_server
 
-    servers = {"trial": get_server(), "isolation": fork_server()}
-    return {name: server.address for name, server in servers.items() if server.address}
+    return fork_server().address
 
 
-def inline_start() -> dict[str, str]:
-    """`fork_servers()` for a run whose trials `evaluate` runs in this process, called while the run's opening waits
-    on the workload's isolated worker: the modules the opening and the first trial import next (the store,
-    Alembic, Optuna's storage, the seeds, the runner, the pruning: a second of CPU) are imported now, so that
-    neither waits on them."""
+def inline_imports() -> None:
+    """For a run whose trials `evaluate` runs in this process, called while the run's opening waits on the
+    workload's isolated worker: the modules the opening and the first trial import next (the store, Alembic,
+    Optuna's storage, the seeds, the runner, the pruning: a second of CPU) are imported now, so that neither waits
+    on them."""
     import optuna.storages  # noqa: F401
 
     import advisor.store.migrate  # noqa: F401
@@ -192,26 +190,18 @@ def inline_start() -> dict[str, str]:
     import probes.runner  # noqa: F401
     import search_spaces.prune  # noqa: F401
 
-    return fork_servers()
-
 
 def ray_trainable(config: dict[str, Any], ctx_json: str) -> None:
-    """The function Ray Tune runs for each trial. It forks through the driver's fork servers where the context
-    names them (a local Ray); where it starts its own (they import torch: seconds), they start at once in the
-    background, so their start overlaps the claim, the reuse check and the estimate. An actor reused for the
-    next trial (reuse_actors) keeps them."""
-    import threading
-
+    """The function Ray Tune runs for each trial. It forks through the driver's fork server where the context
+    names it (a local Ray); where it starts its own (it imports torch: seconds), it starts at once in the
+    background, so its start overlaps the claim, the reuse check and the estimate. An actor reused for the
+    next trial (reuse_actors) keeps it."""
     from ray import tune
 
     from advisor.isolation.pool import default_pool, use_shared_server
-    from probes.forkserver import get_server, use_shared
 
     ctx = StudyContext.model_validate_json(ctx_json)
-    if "trial" in ctx.fork_servers:
-        use_shared(ctx.fork_servers["trial"])
-    if "isolation" in ctx.fork_servers:
-        use_shared_server(ctx.fork_servers["isolation"])
-    threading.Thread(target=get_server, daemon=True, name="advisor-forkserver-start").start()
-    default_pool().warm()  # the isolated worker that estimates each configuration before it runs
+    if ctx.fork_server:
+        use_shared_server(ctx.fork_server)
+    default_pool().warm()  # the isolated worker that estimates each configuration, and the trial's ranks
     tune.report(evaluate(ctx, config.get("training_config"), repeat=bool(config.get("repeat"))))
