@@ -174,6 +174,9 @@ def _positive_float(value: str) -> float:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
+    from advisor.hardware import check_hardware
+
+    check_hardware(args.hardware)  # before torch's import here and the workload's worker (seconds)
     from advisor import isolation
     from advisor.estimate import EstimateOptions, EstimateRequest
     from advisor.finetune import cli_workload_args

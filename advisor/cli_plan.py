@@ -71,14 +71,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from advisor.errors import invalid_input
     from advisor.finetune import cli_workload_args
+    from advisor.hardware import check_hardware
     from advisor.plan.knobs import parse_fixes
-    from advisor.plan.search import PlanRequest, plan
 
     try:
-        request = PlanRequest(workload=args.workload, workload_args=cli_workload_args(args),
-                              hardware=args.hardware, nodes=parse_nodes(args.nodes),
-                              global_batch_size=args.global_batch_size, fixed=parse_fixes(args.fix),
-                              prices=parse_price(args.price, args.hardware), top=args.top)
+        # what can be checked before the planner's import (torch, a second or more) is
+        fixed, nodes, prices = parse_fixes(args.fix), parse_nodes(args.nodes), parse_price(args.price, args.hardware)
+        for name in args.hardware:
+            check_hardware(name)
+        from advisor.plan.search import PlanRequest, plan
+
+        request = PlanRequest(workload=args.workload, workload_args=cli_workload_args(args), hardware=args.hardware,
+                              nodes=nodes, global_batch_size=args.global_batch_size, fixed=fixed, prices=prices,
+                              top=args.top)
     except ValidationError as exc:
         raise invalid_input(exc, {"nodes": "--nodes", "prices": "--price"}) from exc
     from rich.console import Console

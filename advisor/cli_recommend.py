@@ -45,10 +45,11 @@ def parse_prices(pairs: list[str]) -> dict[str, float]:
 def cmd_recommend(args: argparse.Namespace) -> int:
     from advisor.finetune import cli_workload_args
     from advisor.isolation import run_isolated
-    from advisor.recommend import recommend
+    from advisor.recommend import check_candidates, recommend
     from advisor.render_results import recommend_table
 
     prices = parse_prices(args.price)
+    check_candidates(args.hardware, prices)  # before the workload's worker starts (seconds)
     # the workload is loaded and estimated in an isolated worker, which opens the store itself
     recs = run_isolated(recommend, args.workload, args.hardware, workload_args=cli_workload_args(args),
                         db=args.db, prices=prices or None, spec=args.workload, what="the recommendation",

@@ -78,9 +78,8 @@ def recommend(workload: str, hardware: str | list[str], *, workload_args: dict[s
     from advisor.store import open_store
     from advisor.workload import dataset_length, load_workload
 
-    names = _names(hardware)
-    prices = _check_prices(prices or {}, names)
-    targets = {name: get_hardware(name) for name in names}  # bad names fail before the workload loads
+    names, prices = check_candidates(hardware, prices)
+    targets = {name: get_hardware(name) for name in names}
     args = dict(workload_args or {})
     wl = load_workload(workload, args)
     with nullcontext(db) if db is not None and not isinstance(db, str) else open_store(db) as store:
@@ -88,6 +87,17 @@ def recommend(workload: str, hardware: str | list[str], *, workload_args: dict[s
                          epoch=dataset_length(wl))
         recs = [_priced(_for_hardware(target, name, hw), prices.get(name)) for name, hw in targets.items()]
     return rank(recs)
+
+
+def check_candidates(hardware: str | list[str], prices: dict[str, float] | None) -> tuple[list[str], dict[str, float]]:
+    """The candidates' names, once each, and their prices; the SpecError of a bad name, count or price, raised
+    without probing this machine or loading the workload (a caller checks before it starts a worker)."""
+    from advisor.hardware import check_hardware
+
+    names = _names(hardware)
+    for name in names:
+        check_hardware(name)
+    return names, _check_prices(prices or {}, names)
 
 
 def _names(hardware: str | list[str]) -> list[str]:

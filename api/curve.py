@@ -33,10 +33,12 @@ def estimate_curve(body: EstimateCurveRequest, request: Request) -> MemoryCurve:
     """POST /v1/estimate's answer (`estimate`), and the per-device memory by part at each of `batch_sizes`
     (`points`): the estimate's own figures at its batch, its batch model's line elsewhere (no more traces)."""
     from advisor.estimate.curve import memory_curve
+    from advisor.hardware import check_hardware
     from advisor.isolation import run_isolated
 
     state = request.app.state.advisor
     check_workload(body.workload, state.settings)
+    check_hardware(body.hardware)  # a 422 that takes no worker from the pool
     knobs, options = body.knobs()
     return run_isolated(memory_curve, body.workload, body.hardware, knobs, options, body.batch_sizes,
                         workload_args=body.load_args(), spec=body.workload, what="the estimate",

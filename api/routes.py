@@ -134,9 +134,11 @@ def estimate(body: EstimateRequest, request: Request) -> MemoryEstimate:
     traced in an isolated worker. No calibration run is made for a request: a CPU calibration kept
     on this host is used where there is one (the notes say which; `advisor estimate` may make one)."""
     from advisor import isolation
+    from advisor.hardware import check_hardware
 
     state = _state(request)
     check_workload(body.workload, state.settings)
+    check_hardware(body.hardware)  # a 422 that takes no worker from the pool
     knobs, options = body.knobs()
     return isolation.estimate(body.workload, body.hardware, knobs, options, workload_args=body.load_args(),
                               timeout_s=state.settings.api_estimate_timeout_s, pool=state.pool)
@@ -174,10 +176,12 @@ async def recommend(body: RecommendRequest, request: Request) -> Response:
     stored best for this workload and hardware), `transferred` (a stored best elsewhere, adjusted
     by the estimator) or `estimated` (estimator and roofline only), with the reason. With prices,
     ranked by cost per epoch. Served from memory until the store's best configurations change."""
+    from advisor.recommend import check_candidates
     from api.cache import cache_key
 
     state = _state(request)
     check_workload(body.workload, state.settings)
+    check_candidates(body.hardware, body.prices)  # a 422 that takes no worker from the pool
     cache = state.recommend_cache
     if not cache.enabled:
         return Response(await run_in_threadpool(_recommend_bytes, state, body), media_type="application/json")

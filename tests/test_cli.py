@@ -99,6 +99,31 @@ def test_unknown_hardware_is_one_line() -> None:
     assert "h900-sxm" in line and "h100-sxm" in line
 
 
+# main() in a fresh process, then: its exit code, whether torch was imported, how many fork servers it started
+IN_PROCESS = """
+import sys
+from advisor.cli import main
+code = main(sys.argv[1:])
+print(code, "torch" in sys.modules, len(getattr(sys.modules.get("advisor.isolation.forkserver"), "_SERVERS", {})))
+"""
+
+
+@pytest.mark.parametrize("args", [
+    ("estimate", "-w", "tiny-mlp", "-H", "h900-sxm"),
+    ("estimate", "-w", "tiny-mlp", "-H", "local:2", "--tp", "2"),
+    ("recommend", "-w", "tiny-mlp", "-H", "l4", "-H", "nope"),
+    ("recommend", "-w", "tiny-mlp", "-H", "l4", "--price", "a100-80gb=2"),
+    ("plan", "-w", "llama-8b", "-H", "h100-sxm:0"),
+    ("plan", "-w", "llama-8b", "-H", "h100-sxm:8", "--fix", "bogus=1"),
+    ("tune", "-w", "tiny-mlp", "-H", "h900-sxm"),
+], ids=lambda a: " ".join(a[:1] + a[3:]))
+def test_a_bad_hardware_price_or_knob_is_refused_before_torch_or_a_workers_fork_server_starts(args) -> None:
+    proc = subprocess.run([sys.executable, "-c", IN_PROCESS, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.split() == ["2", "False", "0"], (proc.stdout, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def test_workload_file_failing_at_import_is_one_line_naming_it(workload_files: Path) -> None:
     path = workload_files / "import_error.py"
     line = assert_one_line_usage_error(advisor("estimate", "-w", f"{path}:build", "-H", "cpu", "--no-calibrate"))

@@ -32,6 +32,7 @@ __all__ = [
     "HardwareSpec",
     "Link",
     "LocalProbe",
+    "check_hardware",
     "get_hardware",
     "hardware_from_host",
     "hardware_from_probe",
@@ -50,22 +51,34 @@ def list_hardware() -> list[str]:
 
 def get_hardware(spec: str) -> HardwareSpec:
     """Parse a hardware spec string (see the module docstring); raises SpecError on bad input."""
-    name, sep, count = spec.strip().lower().partition(":")
-    if name != LOCAL and name not in CATALOG:
-        raise SpecError(f"unknown hardware {name!r}; valid: {', '.join(list_hardware())}")
+    name, counted, (per_node, nodes) = _parse(spec)
     if name == LOCAL:
-        if sep:
-            raise SpecError(f"'local' takes no device count (got {spec!r}): it uses every GPU CUDA can see here")
         return hardware_from_probe(probe_local())
-    if name == "cpu" and not sep:
+    if name == "cpu" and not counted:
         return hardware_from_host(probe_host())
-    per_node, nodes = _parse_count(count, spec) if sep else (1, 1)
     accelerator = CATALOG[name]
     # A CPU "device" holds its data in host memory; the catalog's nominal figure stands for it.
     host_memory = accelerator.memory_bytes if accelerator.vendor == "cpu" else None
     return HardwareSpec(
         accelerator=accelerator, devices_per_node=per_node, nodes=nodes, host_memory_bytes=host_memory
     )
+
+
+def check_hardware(spec: str) -> None:
+    """The SpecError `get_hardware(spec)` would raise, if any, without probing this machine: a command checks its
+    hardware before it loads a workload (seconds)."""
+    _parse(spec)
+
+
+def _parse(spec: str) -> tuple[str, bool, tuple[int, int]]:
+    """(catalog name or 'local', whether a device count was given, (devices per node, nodes)); SpecError on bad
+    input."""
+    name, sep, count = spec.strip().lower().partition(":")
+    if name != LOCAL and name not in CATALOG:
+        raise SpecError(f"unknown hardware {name!r}; valid: {', '.join(list_hardware())}")
+    if name == LOCAL and sep:
+        raise SpecError(f"'local' takes no device count (got {spec!r}): it uses every GPU CUDA can see here")
+    return name, bool(sep), _parse_count(count, spec) if sep else (1, 1)
 
 
 def _parse_count(count: str, spec: str) -> tuple[int, int]:

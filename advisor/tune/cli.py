@@ -84,8 +84,10 @@ def _describe(config_json: str | None) -> str:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from advisor.hardware import check_hardware
     from advisor.isolation.pool import default_pool
 
+    check_hardware(args.hardware)  # a mistyped name costs no fork server
     default_pool().warm()  # the workload loads in a worker of its fork server, whose imports (seconds) start first
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

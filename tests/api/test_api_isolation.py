@@ -81,6 +81,12 @@ def test_failing_workloads_answer_422_while_the_server_answers_others(sqlite_url
         full = c.post("/v1/estimate", json=estimate_body(hardware="cpu"))
         assert full.status_code == 503 and "busy" in full.json()["detail"], full.text
         assert int(full.headers["retry-after"]) >= 1 and time.monotonic() - t0 < 2
+        # a request the pool could never serve is refused as such, not as busy
+        for path, body in (("/v1/estimate", estimate_body(hardware="h900-sxm")),
+                           ("/v1/estimate/curve", estimate_body(hardware="h900-sxm")),
+                           ("/v1/recommend", {"workload": "tiny-mlp", "hardware": ["l4", "h900-sxm"]})):
+            bad = c.post(path, json=body)
+            assert bad.status_code == 422 and "unknown hardware 'h900-sxm'" in bad.json()["detail"], (path, bad.text)
         for answer in (hang.result(), second.result()):
             assert answer.status_code == 422, answer.text
             assert "did not finish within 8 s" in answer.json()["detail"]
