@@ -4,8 +4,10 @@ them up at the moments the rank's peak can fall on).
 
 Activations follow Korthikanti et al. 2022 (sec. 4.1-4.2: the tensors each layer saves for backward, with tensor
 and sequence parallel) applied to our block as analytic.py counts them. Each tp rank keeps its heads' and FFN
-slice's tensors (/ tp) and the whole norm output the column-parallel projections read (gathered under sequence
-parallel); the norms' tensors hold seq_len / tp tokens under sequence parallel, else all. Per token and layer, in
+slice's tensors (/ tp) and the norm output the column-parallel projections read: whole without sequence parallel
+(under autocast, each projection's own copy), its seq_len / tp shard with it (gathered again in backward, tensor.py;
+whole under full checkpointing, whose recompute gathers it); the norms' tensors hold seq_len / tp tokens under
+sequence parallel, else all. Per token and layer, in
 elements (h hidden, f ffn, H heads, t tp, s = 1/t under sequence parallel else 1, n_q, n_s, n_g as analytic.py):
   norms: RMSNorm, which computes in fp32, 2 s h fp32 each (its input, a copy of it under pure bf16, and
       normalised x); LayerNorm s h in the residual dtype; fp32 statistics per token
@@ -60,7 +62,7 @@ def rank_memory(arch: DecoderArch, layout: Layout, pp_rank: int, batch_size: int
     """`analytic_rank`'s RankMemory, before its peak is taken, and its collective bytes."""
     checkpointing = Checkpointing(checkpointing)
     micro = batch_size // layout.n_microbatches if layout.pp > 1 else batch_size
-    d = _dims(arch, layout, micro, precision, device_type == "cpu", tuning)
+    d = _dims(arch, layout, micro, precision, device_type == "cpu", tuning, checkpointing)
     stages = [_stage(arch, layout, d, s, checkpointing, tuning) for s in _stage_indices(layout, pp_rank)]
     mem = RankMemory(arch, layout, d, stages, pp_rank, optimizer, optimizer_impl, batch_size, checkpointing, knobs)
     comm = _comm(arch, layout, d, stages, pp_rank, checkpointing, knobs.grad_accum)
@@ -68,7 +70,7 @@ def rank_memory(arch: DecoderArch, layout: Layout, pp_rank: int, batch_size: int
 
 
 def _dims(arch: DecoderArch, layout: Layout, micro: int, precision: Precision, gloo: bool,
-          tuning: Tuning | None = None) -> RankDims:
+          tuning: Tuning | None = None, checkpointing: Checkpointing = Checkpointing.none) -> RankDims:
     pure = precision == Precision.bf16_pure
     autocast = precision.autocast_dtype is not None
     sp = layout.sequence_parallel and layout.tp > 1
@@ -80,7 +82,8 @@ def _dims(arch: DecoderArch, layout: Layout, micro: int, precision: Precision, g
         r = z if tuning.embeddings_frozen() else r
     return RankDims(b=micro, T=tokens, s=tokens // layout.tp if sp else tokens, t=layout.tp,
                     r=r, c=2 if pure or autocast else 4, autocast=autocast, pp=layout.pp > 1,
-                    gloo=gloo, ring=layout.cp > 1, w=w, z=z)
+                    gloo=gloo, ring=layout.cp > 1, w=w, z=z,
+                    regather=sp and Checkpointing(checkpointing) != Checkpointing.full)
 
 
 def _block_shapes(arch: DecoderArch, t: int) -> tuple[tuple[int, int], ...]:
@@ -169,10 +172,15 @@ def _layer_saved(arch: DecoderArch, d: RankDims) -> int:
     tokens, local = d.b * d.T, d.b * d.s
     norm = local * _norm_saved(arch, d)
     read = tokens * h * (d.c if d.autocast else d.r)  # a norm's output as a projection reads it
+    # what the attention's and the FFN's projections read: each its own autocast copy of the norm's output, or
+    # (regathered) one shard of it in the residual dtype
+    reads = (1, 1) if d.regather else ((3, 2 if arch.gated_ffn else 1) if d.autocast else (1, 1))
+    if d.regather:
+        read = local * h * d.r
     # q, k, v into attention and its output; the ring keeps k and v with their KV heads, SDPA expanded to H
     qkvo = 4 * h // t if not d.ring else 2 * h // t + 2 * arch.kv_heads * (h // arch.heads) // t
-    attn = (3 if d.autocast else 1) * read + tokens * (qkvo * d.c + arch.heads // t * F32)
-    ffn = ((2 if arch.gated_ffn else 1) if d.autocast else 1) * read + tokens * (4 if arch.gated_ffn else 2) * f * d.c
+    attn = reads[0] * read + tokens * (qkvo * d.c + arch.heads // t * F32)
+    ffn = reads[1] * read + tokens * (4 if arch.gated_ffn else 2) * f * d.c
     return 2 * norm + attn + ffn
 
 
@@ -274,8 +282,9 @@ def layout_comm(arch: DecoderArch, layout: Layout, d: RankDims, stages: list[Sta
 
 def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing: Checkpointing) -> dict[str, int]:
     """One micro-batch's tensor-parallel collectives on one stage, forward and backward. Sequence parallel: each
-    column-parallel region gathers its input (a norm's output, residual dtype) and its backward reduce-scatters the
-    gradient; each row-parallel output (compute dtype) is reduce-scattered and its gradient gathered. Without it,
+    column-parallel region gathers its input (a norm's output, residual dtype), and again in backward (tensor.py's
+    regather), whose reduce-scatters the gradient; each row-parallel output (compute dtype) is reduce-scattered and
+    its gradient gathered. Without it,
     all-reduces of the row-parallel outputs and of the regions' input gradients. A checkpointed block's backward
     runs its forward again as far as its last saved tensor (the FFN's last matrix's input): both gathers, and the
     attention's reduce-scatter (all-reduce without sequence parallel)."""
@@ -283,8 +292,8 @@ def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing
     again = checkpointing == Checkpointing.full and st.layers >= 2  # selective recomputes SDPA alone: no collective
     sp = d.s != d.T
     out = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
-    if sp:
-        out["all_gather"] += st.layers * bth * (2 * d.r * (2 if again else 1) + 2 * d.c)
+    if sp:  # a second gather of both regions' inputs: the checkpoint's recompute, or backward's (regather)
+        out["all_gather"] += st.layers * bth * (2 * d.r * (2 if again or d.regather else 1) + 2 * d.c)
         out["reduce_scatter"] += st.layers * bth * (d.c * (3 if again else 2) + 2 * d.r)
     else:
         out["all_reduce"] += st.layers * bth * (d.c * (3 if again else 2) + 2 * d.r)

@@ -27,7 +27,7 @@ def rank_comm_by_dim(arch: DecoderArch, layout: Layout, pp_rank: int, batch_size
 
     checkpointing = Checkpointing(checkpointing)
     micro = batch_size // layout.n_microbatches if layout.pp > 1 else batch_size
-    d = _dims(arch, layout, micro, precision, device_type == "cpu")
+    d = _dims(arch, layout, micro, precision, device_type == "cpu", checkpointing=checkpointing)
     stages = [_stage(arch, layout, d, s, checkpointing) for s in _stage_indices(layout, pp_rank)]
     return comm_by_dim(arch, layout, d, stages, pp_rank, checkpointing, grad_accum)
 

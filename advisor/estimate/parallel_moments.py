@@ -33,6 +33,7 @@ class RankDims:
     pp: bool  # the stage runs under a pipeline schedule (its output waits for its backward)
     gloo: bool  # collectives run on gloo (a CPU rank), whose all-gather holds a buffer of its output's size
     ring: bool = False  # context parallel: attention is the ring (context.py), fed unexpanded keys and values
+    regather: bool = False  # sequence parallel keeps each region's shard, gathered again in backward (tensor.py)
     w: int = 0  # trained parameters (fine-tune): 2 under pure bf16, else 4; 0: r
     z: int = 0  # frozen parameters (fine-tune): 2 under bf16 or pure bf16 (finetune.hold_frozen), else 4; 0: r
 

@@ -58,11 +58,11 @@ def build_program(workload: Workload, layout: Layout, *, rank: int, device_type:
     sharded = vocab_parallel(workload, layout)
     model = _built_on_meta(workload)
     if model is not None:
-        _tensor_parallel(model, layout, mesh, sharded)
+        _tensor_parallel(model, layout, mesh, sharded, checkpointing)
         materialize(model, device)
         model.init_weights()
     else:
-        model = _tensor_parallel((build or workload.build)().to(device), layout, mesh, sharded)
+        model = _tensor_parallel((build or workload.build)().to(device), layout, mesh, sharded, checkpointing)
     shard = context_shard(layout, mesh, workload.decoder.seq_len) if layout.cp > 1 else None
     if shard is not None:
         from advisor.parallel.context import apply_context_parallel
@@ -144,12 +144,13 @@ def vocab_parallel(workload: Workload, layout: Layout) -> bool:
     return layout.tp > 1 and workload.decoder is not None
 
 
-def _tensor_parallel(module: nn.Module, layout: Layout, mesh: Any, loss_parallel: bool = False) -> nn.Module:
+def _tensor_parallel(module: nn.Module, layout: Layout, mesh: Any, loss_parallel: bool = False,
+                     checkpointing: Checkpointing = Checkpointing.none) -> nn.Module:
     from advisor.parallel.tensor import apply_tensor_parallel
 
     if layout.tp > 1:
         apply_tensor_parallel(module, mesh["tp"], sequence_parallel=layout.sequence_parallel,
-                              loss_parallel=loss_parallel)
+                              loss_parallel=loss_parallel, regather=Checkpointing(checkpointing) != Checkpointing.full)
     return module
 
 
@@ -240,7 +241,7 @@ def _pipeline_program(workload: Workload, layout: Layout, mesh: Any, coords: dic
     stages = build_stages(decoder, layout, coords["pp"])
     sharded = vocab_parallel(workload, layout)
     for stage in stages:
-        _tensor_parallel(stage, layout, mesh, sharded)
+        _tensor_parallel(stage, layout, mesh, sharded, checkpointing)
         materialize(stage, device)
     decoder.init_weights()  # the meta-device layers of other ranks' stages cost nothing
     shard = context_shard(layout, mesh, arch.seq_len)

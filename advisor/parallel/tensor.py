@@ -3,7 +3,8 @@
 Attention's q, k, v projections and the FFN's first matrices split column-wise (each rank holds heads/tp heads and
 ffn/tp of the inner width), the output projections row-wise; with sequence parallel the norms and residual stream
 between them hold seq_len/tp tokens per rank, gathered before each column-wise region and reduce-scattered after
-the row-wise one (Korthikanti et al. 2022). With a vocabulary-parallel loss the output layer's logits stay split
+the row-wise one (Korthikanti et al. 2022); as in Megatron-LM, a region's gathered input is held for backward as
+the rank's shard and gathered again there. With a vocabulary-parallel loss the output layer's logits stay split
 over the vocabulary (each rank vocab/tp of them) and torch's `loss_parallel` computes the cross entropy from the
 shards, all-reducing per-token maxima and sums (Megatron-LM's and torchtitan's layout). A model that is not a
 decoder gets its consecutive Linear pairs split column- then row-wise; what no plan covers is replicated.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
 
 if TYPE_CHECKING:
     from torch import nn
@@ -31,19 +34,112 @@ def is_decoder(model: Any) -> bool:
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool = True,
-                          loss_parallel: bool = False) -> nn.Module:
+                          loss_parallel: bool = False, regather: bool = True) -> nn.Module:
     """Shard `model` over the 1-D tensor-parallel `mesh` in place; returns it. Every parameter becomes a DTensor
     on `mesh` (sharded or replicated), so one optimizer steps them all. `loss_parallel`: a decoder's logits leave
-    the output layer as a DTensor sharded over the vocabulary (its loss must run under `loss_context`)."""
+    the output layer as a DTensor sharded over the vocabulary (its loss must run under `loss_context`).
+    `regather` (a decoder under sequence parallel): each block keeps its sequence shard of what its attention and
+    FFN gather, and gathers it again in backward (`_RegatherInBackward`); off where the block's forward is
+    recomputed whole (full checkpointing), which gathers it again anyway."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    plan = decoder_plan(model, sequence_parallel, loss_parallel) if is_decoder(model) else pair_plan(model)
+    decoder = is_decoder(model)
+    plan = decoder_plan(model, sequence_parallel, loss_parallel) if decoder else pair_plan(model)
     tied = _tied(model)
     parallelize_module(model, mesh, plan)
     if tied:  # parallelize_module distributed each module's copy of the tied weight apart; tie them again
         model.output.weight = model.tok_embeddings.weight
     _replicate_rest(model, mesh)
+    if decoder and sequence_parallel and regather:
+        for block in model.blocks:
+            _RegatherInBackward.wrap(block.attn)
+            _RegatherInBackward.wrap(block.ffn)
     return model
+
+
+class _RegatherInBackward:
+    """Megatron-LM's sequence parallel: what a column-parallel region reads, its input all-gathered over the
+    sequence, is saved for backward as this rank's shard and gathered again when backward reads it.
+
+    Without it each of the region's projections saves the gathered input (under autocast, each its own cast of it):
+    tp times the shard, per projection. Here the region casts the gathered input once (as autocast would for each
+    projection: the same values), and the saved-tensor hooks pack each saved view of that one tensor as the shard,
+    which the region's pre-hook kept; backward's first unpack gathers and casts it again, its last lets it go. The
+    gather in backward is a collective every tp rank makes in the same order (their backward is the same program).
+    """
+
+    def __init__(self) -> None:
+        self.shard: Any = None  # the input before PrepareModuleInput gathered it (a Shard(1) DTensor)
+
+    @classmethod
+    def wrap(cls, module: Any) -> None:
+        self = cls()
+        module.register_forward_pre_hook(self._keep, prepend=True)  # before PrepareModuleInput's gather
+        inner = module.forward
+
+        def forward(x: Any, *args: Any, **kwargs: Any) -> Any:
+            shard, self.shard = self.shard, None
+            if shard is None or not _is_dtensor(x) or not torch.is_grad_enabled():
+                return inner(x, *args, **kwargs)
+            x = _autocast(x)
+            region = _Gathered(shard, x)
+            with torch.autograd.graph.saved_tensors_hooks(region.pack, region.unpack):
+                return inner(x, *args, **kwargs)
+
+        module.forward = forward
+
+    def _keep(self, _module: Any, args: tuple) -> None:
+        self.shard = args[0] if args and _is_dtensor(args[0]) else None
+
+
+class _Gathered:
+    """One region's forward: its gathered input `x` and the shard it was gathered from."""
+
+    def __init__(self, shard: Any, x: Any) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        self.shard, self.dtype, self.mesh = shard, x.dtype, x.device_mesh
+        self.storage = StorageWeakRef(x._local_tensor.untyped_storage())
+        self.pending = 0  # packed views not yet unpacked
+        self.again: Any = None  # the gather backward made, while views of it are still to be unpacked
+
+    def pack(self, t: Any) -> Any:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        if not _is_dtensor(t) or StorageWeakRef(t._local_tensor.untyped_storage()) != self.storage:
+            return t
+        self.pending += 1
+        local = t._local_tensor
+        return (self, local.size(), local.stride(), local.storage_offset(), t.placements)
+
+    def unpack(self, packed: Any) -> Any:
+        if not (isinstance(packed, tuple) and len(packed) == 5 and packed[0] is self):
+            return packed
+        from torch.distributed.tensor import DTensor, Replicate
+
+        _, size, stride, offset, placements = packed
+        if self.again is None:
+            with torch.no_grad():
+                self.again = self.shard.redistribute(self.mesh, [Replicate()]).to(self.dtype)._local_tensor
+        view = self.again.as_strided(size, stride, offset)
+        self.pending -= 1
+        if self.pending == 0:
+            self.again = None
+        return DTensor.from_local(view, self.mesh, placements, run_check=False)
+
+
+def _is_dtensor(x: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(x, DTensor)
+
+
+def _autocast(x: Any) -> Any:
+    """`x` in the dtype autocast computes a projection in, where autocast is on: each projection then saves it."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.is_floating_point():
+        return x.to(torch.get_autocast_dtype(device))
+    return x
 
 
 def _tied(model: Any) -> bool:

@@ -112,7 +112,7 @@ def _rank_step(arch: DecoderArch, hw: HardwareSpec, layout: Layout, pp_rank: int
     """Pipeline rank `pp_rank`'s step."""
     from advisor.estimate.parallel_analytic import _dims, _stage, _stage_indices, layout_comm
 
-    d = _dims(arch, layout, micro, precision, hw.device_type == "cpu", tuning)
+    d = _dims(arch, layout, micro, precision, hw.device_type == "cpu", tuning, checkpointing)
     indices = _stage_indices(layout, pp_rank)
     stages = [_stage(arch, layout, d, s, checkpointing, tuning) for s in indices]
     m = (layout.n_microbatches if layout.pp > 1 else 1) * grad_accum
@@ -125,11 +125,20 @@ def _rank_step(arch: DecoderArch, hw: HardwareSpec, layout: Layout, pp_rank: int
     layers = sum(st.layers for st in stages)
     # 2 gathers, 2 reductions a layer, each way; the last stage's loss adds three small all-reduces
     last = any(st.last for st in stages)
-    tp = _priced(comm.get("tp", {}), groups["tp"], m * (8 * layers + 2 + 3 * last))
+    tp_kinds = dict(comm.get("tp", {}))
+    # backward's second gather of each region's input (sequence parallel's regather), overlapped with the input
+    # gradients' products as Megatron-LM runs it
+    again = m * layers * d.b * d.T * arch.hidden * 2 * d.r if d.regather else 0
+    if again:
+        tp_kinds["all_gather"] -= again
+    tp = _priced(tp_kinds, groups["tp"], m * (8 * layers + 2 + 3 * last))
+    regather = seconds("all_gather", again, groups["tp"], m * 2 * layers) if again else 0.0
     cp = _priced(comm.get("cp", {}), groups["cp"], m * layers * 3 * (layout.cp - 1))  # k, v and their gradients
     sends = {"send": comm.get("pp", {}).get("send", 0)}  # a send and its matching receive share the link
     pp = _priced(sends, groups["pp"], m * sum((not st.first) + (not st.last) for st in stages))
-    exposed = tp + max(cp - m * layers * 3.5 * attention, 0.0) + pp  # the ring hides behind attention
+    # the regather hides behind half the backward, the ring behind attention: what outlasts them is exposed
+    exposed = tp + max(regather - m * bwd / 2, 0.0) + max(cp - m * layers * 3.5 * attention, 0.0) + pp
+    tp += regather
     compute = m * (fwd + bwd)
     # 1F1B's fill and drain: (pp - 1) / v micro-batch times of the rank, each of the grad_accum schedules
     bubble = (layout.pp - 1) / layout.virtual_stages * (compute + exposed) / m * grad_accum if layout.pp > 1 else 0.

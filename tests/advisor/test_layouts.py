@@ -83,6 +83,24 @@ def test_tensor_parallel_keeps_the_logits_sharded_and_its_loss_is_the_whole_deco
     assert sum(float(error) >= 0 for _, _, error, _ in rows) >= world  # losses compared on every rank
 
 
+def test_under_sequence_parallel_a_block_holds_its_shard_and_backward_gathers_it_again(monkeypatch) -> None:
+    """Megatron-LM's sequence parallel: the attention's and the FFN's inputs, gathered over the sequence, are held
+    for backward as this rank's half of the tokens, and backward gathers each again; against the same program
+    holding them gathered (the regather's wrapping left out)."""
+    from advisor.parallel.tensor import _RegatherInBackward
+
+    def rank():
+        return estimate_layout("decoder", "cpu:2", Layout(tp=2), EstimateRequest(batch_size=BATCH),
+                               workload_args=SHAPE).ranks[0]
+
+    regathered = rank()
+    monkeypatch.setattr(_RegatherInBackward, "wrap", classmethod(lambda cls, module: None))
+    held = rank()
+    region = BATCH * SHAPE["seq_len"] * SHAPE["hidden"] * 4  # one region's gathered input, fp32 (bytes)
+    assert held.breakdown.activations - regathered.breakdown.activations == SHAPE["layers"] * 2 * region // 2
+    assert regathered.comm_bytes["all_gather"] - held.comm_bytes["all_gather"] == SHAPE["layers"] * 2 * region
+
+
 def test_context_parallel_splits_the_activations_and_holds_the_parameters_once_per_dp_rank() -> None:
     whole = estimate_layout("decoder", "cpu:2", Layout(dp=2, strategy="zero3"), EstimateRequest(batch_size=BATCH),
                             workload_args=SHAPE).ranks[0]
