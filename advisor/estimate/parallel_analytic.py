@@ -283,9 +283,9 @@ def layout_comm(arch: DecoderArch, layout: Layout, d: RankDims, stages: list[Sta
 def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing: Checkpointing) -> dict[str, int]:
     """One micro-batch's tensor-parallel collectives on one stage, forward and backward. Sequence parallel: each
     column-parallel region gathers its input (a norm's output, residual dtype), and again in backward (tensor.py's
-    regather), whose reduce-scatters the gradient; each row-parallel output (compute dtype) is reduce-scattered and
-    its gradient gathered. Without it,
-    all-reduces of the row-parallel outputs and of the regions' input gradients. A checkpointed block's backward
+    regather), where it reduce-scatters the gradient; each row-parallel output (compute dtype) is reduce-scattered
+    and its gradient gathered. Without it, all-reduces of the row-parallel outputs and of the regions' input
+    gradients. A checkpointed block's backward
     runs its forward again as far as its last saved tensor (the FFN's last matrix's input): both gathers, and the
     attention's reduce-scatter (all-reduce without sequence parallel)."""
     bth = d.b * d.T * arch.hidden
