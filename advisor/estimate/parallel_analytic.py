@@ -280,6 +280,12 @@ def layout_comm(arch: DecoderArch, layout: Layout, d: RankDims, stages: list[Sta
     return out
 
 
+def regather_bytes(arch: DecoderArch, d: RankDims, layers: int) -> int:
+    """Bytes one micro-batch's backward gathers again over `layers` blocks (tensor.py's regather: both regions'
+    inputs, residual dtype); 0 where the regions keep their gathered inputs."""
+    return layers * d.b * d.T * arch.hidden * 2 * d.r if d.regather else 0
+
+
 def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing: Checkpointing) -> dict[str, int]:
     """One micro-batch's tensor-parallel collectives on one stage, forward and backward. Sequence parallel: each
     column-parallel region gathers its input (a norm's output, residual dtype), and again in backward (tensor.py's
@@ -292,8 +298,9 @@ def _tensor_comm(arch: DecoderArch, d: RankDims, st: StageFigures, checkpointing
     again = checkpointing == Checkpointing.full and st.layers >= 2  # selective recomputes SDPA alone: no collective
     sp = d.s != d.T
     out = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
-    if sp:  # a second gather of both regions' inputs: the checkpoint's recompute, or backward's (regather)
-        out["all_gather"] += st.layers * bth * (2 * d.r * (2 if again or d.regather else 1) + 2 * d.c)
+    if sp:  # the checkpoint's recompute gathers both regions' inputs a second time, as backward's regather does
+        out["all_gather"] += st.layers * bth * (2 * d.r * (2 if again else 1) + 2 * d.c)
+        out["all_gather"] += regather_bytes(arch, d, st.layers)
         out["reduce_scatter"] += st.layers * bth * (d.c * (3 if again else 2) + 2 * d.r)
     else:
         out["all_reduce"] += st.layers * bth * (d.c * (3 if again else 2) + 2 * d.r)

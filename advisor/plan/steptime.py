@@ -110,7 +110,7 @@ def _rank_step(arch: DecoderArch, hw: HardwareSpec, layout: Layout, pp_rank: int
                checkpointing: Checkpointing, optimizer: OptimizerKind, offload: bool,
                tuning: Tuning | None = None) -> StepTime:
     """Pipeline rank `pp_rank`'s step."""
-    from advisor.estimate.parallel_analytic import _dims, _stage, _stage_indices, layout_comm
+    from advisor.estimate.parallel_analytic import _dims, _stage, _stage_indices, layout_comm, regather_bytes
 
     d = _dims(arch, layout, micro, precision, hw.device_type == "cpu", tuning, checkpointing)
     indices = _stage_indices(layout, pp_rank)
@@ -128,7 +128,7 @@ def _rank_step(arch: DecoderArch, hw: HardwareSpec, layout: Layout, pp_rank: int
     tp_kinds = dict(comm.get("tp", {}))
     # backward's second gather of each region's input (sequence parallel's regather), overlapped with the input
     # gradients' products as Megatron-LM runs it
-    again = m * layers * d.b * d.T * arch.hidden * 2 * d.r if d.regather else 0
+    again = m * regather_bytes(arch, d, layers)
     if again:
         tp_kinds["all_gather"] -= again
     tp = _priced(tp_kinds, groups["tp"], m * (8 * layers + 2 + 3 * last))
