@@ -23,7 +23,7 @@ install: $(VENV)/.installed
 # The main job on a built-in default: tune a small preset on this CPU (local Ray, SQLite store in
 # $(ADVISOR_DATA_DIR)), then show the stored best and an estimate for a GPU. A rerun resumes the study.
 demo: install
-	$(BIN)/advisor tune --workload tiny-gpt2 --workload-arg seq_len=128 --hardware cpu --space quick --trials 6 --min-time 1
+	$(BIN)/advisor tune --workload tiny-gpt2 --workload-arg seq_len=128 --hardware cpu --space quick --trials 6
 	$(BIN)/advisor results best
 	$(BIN)/advisor estimate --workload gpt2-small --hardware h100-sxm --batch-size 8 --precision bf16
 

@@ -143,7 +143,9 @@ def _demo_glance() -> list[str]:
     return ["[The demo's orchestration](#the-demos-orchestration): `make demo`'s tuning run less its measured trials",
             f"inline {ex['inline']['orchestration']:.0%} of {ex['inline']['run_wall_s']:.1f} s",
             f"< {res['goal']:.0%}", _yes(ex["inline"]["met"]),
-            f"under Ray: {ex['ray']['orchestration']:.0%} of {ex['ray']['run_wall_s']:.1f} s", cpu_machine(m),
+            f"under Ray: {ex['ray']['orchestration']:.0%} of {ex['ray']['run_wall_s']:.1f} s"
+            + "".join(f"; {k}: {v['orchestration']:.0%} of {v['run_wall_s']:.1f} s" for k, v in ex.items()
+                      if k not in ("inline", "ray")), cpu_machine(m),
             f"`{m['source']['git_head']}`{dirty}", m["started"][:10]]
 
 
@@ -466,7 +468,7 @@ def md_sections() -> list[str]:
          "Goals: the tuner's best ≥ 95% of the grid's best (median over seeds) with ≤ 25% of the grid's trials; "
          "tuning wall time ≤ 1.2 x the sum of the trials' wall times."),
         ("The demo's orchestration", "demo-orchestration", None,
-         "How much of `make demo`'s tuning run (6 short trials of a small transformer on this CPU) goes to anything "
+         "How much of `make demo`'s tuning run (6 trials of a small transformer on this CPU) goes to anything "
          "but its measured trials, with the trials run by the tuner itself (`--executor inline`, the default here) "
          "and by Ray Tune on a local Ray (`--executor ray`). Goal: under 25% of the run's wall time."),
         ("The tuner beside other work", "tune-load", None,

@@ -134,8 +134,10 @@ def _decide(workload: "Workload | str", workload_args: dict[str, Any] | None, ha
     request = EstimateRequest.of(config.batch_size, precision=config.precision, optimizer=config.optimizer,
                                  strategy=config.strategy, checkpointing=config.checkpointing,
                                  fused_backward=config.fused_backward, optimizer_impl=config.optimizer_impl)
-    # the request's own batch only (one trace): the largest batch is solved only for a batch that does not fit
-    options = EstimateOptions(calibrate=False, margin=margin, compile_mode=config.compile_mode.value, largest=False)
+    # the request's own batch only (one trace, or none where two kept traces of its step give the line): the
+    # largest batch is solved only for a batch that does not fit
+    options = EstimateOptions(calibrate=False, margin=margin, compile_mode=config.compile_mode.value, largest=False,
+                              line=True)
 
     def estimate(options: EstimateOptions):  # noqa: ANN202 - a MemoryEstimate
         return isolation.estimate(workload, target, request, options, workload_args=workload_args,

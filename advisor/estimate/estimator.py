@@ -75,12 +75,17 @@ def estimate_fitted(workload: Workload | str, hardware: HardwareSpec | str, requ
     total, runtime = fit.ev.total(batch, runs=True)
     breakdown = _breakdown(parts, total)
     fits = total + runtime <= usable
+    if not fits and case.options.line and bm.a != batch and used == "traced":  # off the line: decided on its own trace
+        return estimate_fitted(workload, hardware, request, case.options.model_copy(update={"line": False}),
+                               workload_args=workload_args)
     own = req.strategy.value
     if case.options.largest:
         by_strategy = _largest(case, fit, usable, probe_gpu, notes)
     else:
         by_strategy = {}
-        notes.append(f"largest batch not asked for: the step traced at batch {batch} only")
+        notes.append(f"largest batch not asked for: the step traced at batch {batch} only" if bm.a == batch else
+                     f"largest batch not asked for: batch {batch} read off the line through the step's traces at "
+                     f"{bm.a} and {bm.c}, kept in this process (their allocations align), not traced")
     if not fits and by_strategy.get(own, -1) >= batch:  # real runs at the batch outweigh the line there
         notes.append(f"largest batch {by_strategy[own]} -> {batch - 1}: the real runs at batch {batch} say it does "
                      "not fit")
@@ -168,19 +173,55 @@ def _reduce_gpu(hw: HardwareSpec, probe_gpu: bool) -> ReduceGpu | None:
     return ReduceGpu.on_device() if _local_cuda(hw) else ReduceGpu.of(hw.accelerator)
 
 
+def _trace_kwargs(req: EstimateRequest, cpu: bool, device_type: str, cuda: bool,
+                  reduce_gpu: ReduceGpu | None) -> dict[str, Any]:
+    """trace_training's arguments for the request's step, but the batch."""
+    return dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
+                fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu,
+                cuda_workspaces=cuda, device=device_type, reduce_gpu=reduce_gpu)
+
+
+def _trace_key(kw: dict[str, Any], cuda: bool, preset: tuple[str, str] | None) -> tuple | None:
+    """What keys a kept trace of this step, but the batch; None where its traces are not kept."""
+    import torch
+
+    # kernels sized on this GPU may size otherwise as its free memory changes; the CPU's scratch by thread count
+    return None if preset is None or cuda else (preset, repr(sorted(kw.items())), torch.get_num_threads())
+
+
+def _kept(key: tuple | None) -> dict[int, Trace]:
+    """Batch size -> this step's trace, of the traces kept in this process."""
+    if key is None:
+        return {}
+    with _TRACES_LOCK:
+        return {b: t for (k, b), t in _TRACES.items() if k == key}
+
+
+def _line_model(b: int, kept: dict[int, Trace], cpu_uncalibrated: bool,
+                tracer: Callable[[int], Trace]) -> BatchModel | None:
+    """A batch model through two kept traces of the step at other batches, from which batch b is read without a
+    trace: the line the largest batch is solved on (batchmodel.py). The nearest on each side of b where there
+    are, else the two nearest, batch 1 neither. None where b is 1 or kept itself, fewer than two are, their
+    allocations do not align, or a kernel's scratch in them is not affine in the batch (exact_largest_reason)."""
+    kept = {x: t for x, t in kept.items() if x > 1}  # batch 1 may take other kernels' paths (`_batch_model`)
+    if b == 1 or b in kept or len(kept) < 2:
+        return None
+    below, above = [x for x in sorted(kept) if x < b], [x for x in sorted(kept) if x > b]
+    a, c = (below[-1], above[0]) if below and above else sorted(sorted(kept, key=lambda x: abs(x - b))[:2])
+    if any(exact_largest_reason(kept[x], cpu_uncalibrated) for x in (a, c)):
+        return None
+    bm = BatchModel(a=a, trace_a=kept[a], c=c, trace_c=kept[c], tracer=tracer)
+    return bm if bm.aligned is not None else None
+
+
 def _tracer(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu",
             cuda: bool = False, reduce_gpu: ReduceGpu | None = None, *,
             preset: tuple[str, str] | None = None) -> Callable[..., Trace]:
     """trace(b, flops=True): the request's training step traced at batch b. `preset` ((name, its arguments as
     JSON) where the workload is a preset, whose code cannot change under this process): traces are kept
     (TRACES_KEPT) and given again to any estimate that asks for the same step at the same batch."""
-    import torch
-
-    kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
-              fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu,
-              cuda_workspaces=cuda, device=device_type, reduce_gpu=reduce_gpu)
-    # kernels sized on this GPU may size otherwise as its free memory changes; the CPU's scratch by thread count
-    key = None if preset is None or cuda else (preset, repr(sorted(kw.items())), torch.get_num_threads())
+    kw = _trace_kwargs(req, cpu, device_type, cuda, reduce_gpu)
+    key = _trace_key(kw, cuda, preset)
 
     def retrace(b: int, flops: bool = True) -> Trace:
         if key is None:
@@ -213,12 +254,19 @@ def _preset(case: Case) -> tuple[str, str] | None:
 
 def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu", cuda: bool = False,
                  reduce_gpu: ReduceGpu | None = None, preset: tuple[str, str] | None = None,
-                 largest: bool = True) -> BatchModel:
+                 largest: bool = True, line: bool = False) -> BatchModel:
     """The batch model of the request's step: traces at its batch and at 2x or half of it (the line the largest
-    batch is solved on), or, without `largest`, at its batch alone (any other batch is traced on its own)."""
+    batch is solved on), or, without `largest`, at its batch alone (any other batch is traced on its own); with
+    `line` too, the line through two kept traces of the step at other batches where there is one (`_line_model`:
+    `cpu`, this CPU is the target and is not calibrated)."""
     retrace = _tracer(wl, req, cpu, device_type, cuda, reduce_gpu, preset=preset)
 
     a = req.batch_size
+    if not largest and line:
+        kept = _kept(_trace_key(_trace_kwargs(req, cpu, device_type, cuda, reduce_gpu), cuda, preset))
+        bm = _line_model(a, kept, cpu, lambda b: retrace(b, False))
+        if bm is not None:
+            return bm
     if not largest:
         return BatchModel(a=a, trace_a=retrace(a), retrace=lambda b: retrace(b, False),
                           tracer=lambda b: retrace(b, False))
@@ -246,7 +294,8 @@ def _choose_batch_model(case: Case, notes: list[str], cuda: bool,
                           retrace=lambda b: analytic_trace(wl, b, req)), "analytic"
     try:
         return _batch_model(wl, req, _local_cpu(case.hw), case.hw.device_type, cuda, reduce_gpu,
-                            _preset(case), case.options.largest), "traced"
+                            _preset(case), case.options.largest,
+                            case.options.line and _calibrating(case.options) is False), "traced"
     except EstimateError as exc:
         if not isinstance(case.workload, str):
             raise EstimateError(f"{exc}; a workload passed as an object cannot be run in a fresh process, "

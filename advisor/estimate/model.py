@@ -92,6 +92,12 @@ class EstimateOptions(BaseModel):
         "False: the request's own batch only, from one trace where the step traces (the batch model's second "
         "trace is what the largest batch is solved on); max_batch_size is then None. For callers that decide "
         "one configuration: the tuner's pruning asks again with it where the batch does not fit.")
+    line: bool = Field(
+        default=False, description="With largest=False and no calibration: a preset's batch is read off the line "
+        "through two traces of the same step at other batches kept in this process, where their allocations align "
+        "and no kernel's scratch in them departs from it (the line the largest batch is solved on); traced where "
+        "there is none, or where the line's batch does not fit: the tuner's pruning, which asks batch after batch "
+        "of one step.")
 
 
 class Breakdown(BaseModel):

@@ -266,3 +266,46 @@ def test_a_decision_on_one_batch_traces_that_batch_alone_and_a_batch_that_does_n
     pruned = feasibility(gpt2, None, gpu, TrainingConfig(device="cuda", batch_size=big), 0.05)
     assert not pruned.launch and traced == [big, big, big // 2], traced  # a workload object's steps are not kept
     assert 0 < pruned.max_batch_size < big and f"largest batch that fits: {pruned.max_batch_size}" in pruned.reason
+
+
+def test_the_tuners_pruning_reads_a_batch_off_the_line_through_two_kept_traces(traced):
+    # The tuner asks batch after batch of one step (EstimateOptions.line): once two batches are traced, a third is
+    # read off their line, exactly as its own trace says; batch 1, a batch the line says does not fit, and a step
+    # whose kernels' scratch departs from the line (16-bit products on a CPU whose products hold scratch) are traced.
+    from advisor.estimate import EstimateOptions, EstimateRequest, estimate_memory, estimator
+    from advisor.estimate.notes import exact_largest_reason
+    from advisor.hardware import get_hardware
+    from advisor.trial import TrainingConfig
+    from search_spaces import feasibility
+
+    cpu = get_hardware("cpu")
+
+    def at(b: int, precision: str = "fp32", line: bool = True, hw=cpu):
+        return estimate_memory("tiny-gpt2", hw, EstimateRequest(batch_size=b, precision=precision), EstimateOptions(
+            calibrate=False, measured=False, margin=0.0, largest=False, line=line), workload_args={"seq_len": 64})
+
+    at(2), at(16)
+    mid = at(8)
+    assert traced == [2, 16] and any("batch 8 read off the line through the step's traces at 2 and 16" in n
+                                     for n in mid.notes), mid.notes
+    own = at(8, line=False)
+    assert traced == [2, 16, 8] and (mid.total_bytes, mid.runtime_bytes) == (own.total_bytes, own.runtime_bytes)
+    assert mid.flops_per_step == own.flops_per_step > 0
+    at(1)
+    assert traced[-1] == 1
+    # the line's batch 64 does not fit a host of a MiB less: batch 64 is traced, and does not fit
+    far = at(64)
+    assert traced[-1] == 1 and far.fits
+    tight = at(64, hw=cpu.model_copy(update={"host_memory_bytes": far.total_bytes + far.runtime_bytes - 2**20}))
+    assert traced[-1] == 64 and not tight.fits and tight.total_bytes == far.total_bytes
+    # bf16: read off the line unless this CPU's 16-bit products hold scratch that is not affine in the batch
+    traced.clear()
+    at(2, "bf16"), at(16, "bf16"), at(8, "bf16")
+    kept = [t for (key, b), t in estimator._TRACES.items() if "Precision.bf16" in key[1] and b in (2, 16)]
+    assert len(kept) == 2
+    assert traced == [2, 16, 8] if any(exact_largest_reason(t, True) for t in kept) else traced == [2, 16]
+    # the tuner's pruning asks so, in its isolated worker
+    decided = [feasibility("tiny-gpt2", {"seq_len": 48}, cpu, TrainingConfig(batch_size=b), None) for b in (2, 16, 8)]
+    assert all(d.launch for d in decided)
+    assert any("read off the line" in n for n in decided[2].estimate.notes), decided[2].estimate.notes
+    assert not any("read off the line" in n for d in decided[:2] for n in d.estimate.notes)
