@@ -30,6 +30,21 @@ def malloc_env(mmap_threshold: int | None) -> dict[str, str]:
     return env
 
 
+def set_malloc_thresholds(mmap_threshold: int) -> bool:
+    """`malloc_env`'s thresholds set in this running process (glibc's mallopt: a process forked from a server
+    that started without them, which reads no environment again); False where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(m_mmap_threshold, mmap_threshold)) and \
+            bool(libc.mallopt(m_trim_threshold, 2 * mmap_threshold))
+    except (OSError, AttributeError):
+        return False
+
+
 def available_bytes() -> int | None:
     """Memory the kernel says can be given to new work without swapping (MemAvailable, bytes), or None where
     /proc/meminfo does not say."""

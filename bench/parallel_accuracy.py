@@ -28,8 +28,10 @@ figures go to --out (JSON), the table to the markdown beside it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -127,7 +129,7 @@ def measure_threads(req: Any, shim: str, timeout_s: float = 600.0) -> list[tuple
     """Every rank of `req` on real gloo ranks, as advisor.parallel.measure.measure_ranks runs them, under `shim`:
     per rank (its RankMeasure, with the profiler's figure; the live tensor bytes of all its threads, replayed)."""
     from advisor.measure import PROFILED_MMAP_THRESHOLD
-    from advisor.parallel.measure import RankMeasure, _wait_all, free_port
+    from advisor.parallel.measure import RankMeasure, free_port
     from advisor.procmem import malloc_env
 
     world = req.layout.world
@@ -138,11 +140,29 @@ def measure_threads(req: Any, shim: str, timeout_s: float = 600.0) -> list[tuple
                                   env=dict(env, RANK=str(r), LOCAL_RANK=str(r), ADVISOR_RANK_OUT=f"{out}/{r}"),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
                  for r in range(world)]
-        errors = _wait_all(procs, timeout_s)
+        errors = _wait_popen(procs, timeout_s)
         if errors:
             raise RuntimeError(f"{req.workload} ({req.layout.label()}): {errors[0]}")
         return [(RankMeasure.model_validate_json(Path(f"{out}/{r}").read_text()),
                  int(Path(f"{out}/{r}.threads").read_text())) for r in range(world)]
+
+
+def _wait_popen(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
+    """Wait for every rank; kill them all past `timeout_s`. One line per rank that failed."""
+    deadline = time.monotonic() + timeout_s
+    errors = []
+    for rank, proc in enumerate(procs):
+        try:
+            _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            return [f"timed out after {timeout_s:.0f} s"]
+        if proc.returncode != 0:
+            lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+            errors.append(f"rank {rank} exit {proc.returncode}: {lines[-1] if lines else '(no output)'}")
+    return errors
 
 
 def rank_main(req_json: str) -> None:

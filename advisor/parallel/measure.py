@@ -1,5 +1,6 @@
-"""Each rank's real memory and collective bytes in a parallel run on this machine: `world` fresh processes over
-gloo (CPU) or NCCL (one GPU each), every rank running its program (advisor/parallel/program.py) for a few steps.
+"""Each rank's real memory and collective bytes in a parallel run on this machine: `world` processes forked from
+the warm fork server, over gloo (CPU) or NCCL (one GPU each), every rank running its program
+(advisor/parallel/program.py) for a few steps.
 
 `alloc` on the CPU: the exact peak of live tensor bytes from the profiler's memory events (advisor/measure.py's
 protocol), from just before the build; on CUDA max_memory_allocated and max_memory_reserved. Collective bytes are
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.config import Checkpointing, OptimizerKind, Precision
 from advisor.errors import TrialError
 from advisor.parallel.layout import Layout
+
+RANK_FAILURE_GRACE_S = 5.0  # after one rank fails, the others get this long before they are killed (s)
 
 
 class RankMeasureRequest(BaseModel):
@@ -58,21 +60,23 @@ class RankMeasure(BaseModel):
 
 
 def measure_ranks(req: RankMeasureRequest, timeout_s: float = 600.0) -> list[RankMeasure]:
-    """Run `req` on `req.layout.world` fresh local processes; their measurements in rank order."""
-    from advisor.measure import PROFILED_MMAP_THRESHOLD
-    from advisor.procmem import malloc_env
+    """Run `req` on `req.layout.world` local processes, each forked from this process's warm fork server (torch
+    imported once: advisor/isolation/forkserver.py) and running `entry`; their measurements in rank order."""
+    from advisor.isolation.pool import fork_server
 
     world = req.layout.world
-    env = dict(malloc_env(PROFILED_MMAP_THRESHOLD), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()))
+    env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as out:
-        procs = []
-        for rank in range(world):
-            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), ADVISOR_RANK_OUT=os.path.join(out, f"{rank}"))
-            procs.append(subprocess.Popen([sys.executable, "-m", "advisor.parallel.measure", req.model_dump_json()],
-                                          env=rank_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True))
-        errors = _wait_all(procs, timeout_s)
+        server = fork_server()
+        procs, logs = [], [os.path.join(out, f"{rank}.log") for rank in range(world)]
+        try:
+            for rank in range(world):
+                procs.append(server.spawn("advisor.parallel.measure:entry",
+                                          [req.model_dump_json(), os.path.join(out, f"{rank}"), logs[rank]],
+                                          dict(env, RANK=str(rank), LOCAL_RANK=str(rank))))
+            errors = wait_forked(procs, logs, timeout_s)
+        finally:
+            kill_forked(procs)
         if errors:
             raise TrialError(f"parallel measurement of {req.workload} ({req.layout.label()}) failed: {errors[0]}")
         return [RankMeasure.model_validate_json(open(os.path.join(out, f"{r}")).read()) for r in range(world)]
@@ -87,24 +91,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
-    """Wait for every rank; kill them all past `timeout_s`. One line per rank that failed."""
+def wait_forked(procs: list[Any], logs: list[str], timeout_s: float) -> list[str]:
+    """Wait for every rank forked from the fork server (ForkedProcess, each writing its output to its `logs`
+    file), for at most `timeout_s`, or until a rank has failed and the others had RANK_FAILURE_GRACE_S to follow
+    (then `kill_forked` them). One line per rank that failed: its log's last."""
+    deadline = time.monotonic() + timeout_s
+    failed_at = None
+    while True:
+        codes = [p.exitcode for p in procs]
+        if all(c is not None for c in codes):
+            break
+        now = time.monotonic()
+        if any(c not in (None, 0) for c in codes):
+            failed_at = failed_at or now
+        if any(p.server.dead for p in procs):  # no exit will be told any more
+            return ["the fork server exited"]
+        if now > deadline:
+            return [f"timed out after {timeout_s:.0f} s"]
+        if failed_at is not None and now - failed_at > RANK_FAILURE_GRACE_S:  # the others wait in a collective
+            break
+        time.sleep(0.05)
+    errors = []
+    for rank, (proc, log) in enumerate(zip(procs, logs)):
+        if proc.exitcode != 0:
+            lines = [ln for ln in open(log, errors="replace").read().splitlines() if ln.strip()] \
+                if os.path.exists(log) else []
+            errors.append(f"rank {rank} exit {proc.exitcode}: {lines[-1] if lines else '(no output)'}")
+    return errors
+
+
+def kill_forked(procs: list[Any]) -> None:
+    """SIGKILL each forked rank's process group (a rank leads its own: own_group) and collect the ranks."""
     import signal
 
-    deadline = time.monotonic() + timeout_s
-    errors = []
-    for rank, proc in enumerate(procs):
-        try:
-            _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-            return [f"timed out after {timeout_s:.0f} s"]
-        if proc.returncode != 0:
-            lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-            errors.append(f"rank {rank} exit {proc.returncode}: {lines[-1] if lines else '(no output)'}")
-    return errors
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.join(timeout=10)
+        p.close()
 
 
 def run_rank(req: RankMeasureRequest) -> RankMeasure:
@@ -177,6 +202,32 @@ def _traced(req: RankMeasureRequest, workload: Any, rank: int, t0: float) -> Ran
     dist.destroy_process_group()
     return RankMeasure(rank=rank, coords=rt.coords, alloc_peak_bytes=rt.trace.peak_bytes, comm_bytes=rt.comm_bytes,
                        seconds=time.perf_counter() - t0)
+
+
+def entry(request_json: str, out_path: str, log_path: str) -> None:
+    """A rank forked from the fork server (`measure_ranks`): its own session and process group, its output to
+    `log_path`, glibc's thresholds of advisor/measure.py's `alloc` mode (PROFILED_MMAP_THRESHOLD: the server read
+    none), then `run_rank`, its measurement written to `out_path`. Exits 0, or 1 with the traceback in the log."""
+    import traceback
+
+    from advisor.isolation.forkserver import own_group
+    from advisor.measure import PROFILED_MMAP_THRESHOLD
+    from advisor.procmem import set_malloc_thresholds
+
+    own_group(log_path, os.O_TRUNC)
+    code = 1
+    try:
+        set_malloc_thresholds(PROFILED_MMAP_THRESHOLD)
+        result = run_rank(RankMeasureRequest.model_validate_json(request_json))
+        with open(out_path, "w") as f:
+            f.write(result.model_dump_json())
+        code = 0
+    except BaseException:  # noqa: BLE001 - told to the caller through the log and the exit code
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(0.2)  # trial.GLOO_EXIT_PAUSE_S: gloo's workers finish freeing before the interpreter goes
+    os._exit(code)
 
 
 def _main() -> int:

@@ -54,8 +54,3 @@ def updates(rank: int, world: int) -> str:
                      steps=2)
     return f"{pipelined} {kept}"
 
-
-if __name__ == "__main__":
-    from tests.advisor.gloo_ranks import run_ranks
-
-    print(" ".join(run_ranks(updates, 4)))

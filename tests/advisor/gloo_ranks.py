@@ -1,37 +1,65 @@
-"""Run a function on a few gloo ranks of this machine, each in its own process, and collect what each returns.
-For the programs tests/advisor/test_layouts.py runs as `python -m tests.advisor.<name>`."""
+"""Run a function on a few gloo ranks of this machine, each a process forked from the warm fork server
+(advisor/isolation/forkserver.py: torch imported once), and collect what each returns. For the programs of
+tests/advisor/test_layouts.py (ring_ranks.py, loss_parallel_ranks.py, accumulate_ranks.py)."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import tempfile
 import time
+import traceback
 from typing import Callable
 
 
-def _rank(rank: int, world: int, port: int, path: str, fn: Callable[[int, int], str]) -> None:
-    import torch.distributed as dist
+def entry(target: str, rank: str, world: str, port: str, path: str, log_path: str) -> None:
+    """A forked rank: its own process group and log, then `target` ("module:function") on the gloo group; what it
+    returns is written to `path`.RANK. Exits 0, or 1 with the traceback in its log."""
+    from advisor.isolation.forkserver import own_group
 
-    from advisor.trial import GLOO_EXIT_PAUSE_S
+    own_group(log_path, os.O_TRUNC)
+    code = 1
+    try:
+        import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    text = fn(rank, world)
-    dist.barrier()
-    dist.destroy_process_group()
-    time.sleep(GLOO_EXIT_PAUSE_S)  # gloo's workers finish freeing before the interpreter goes
-    with open(f"{path}.{rank}", "w") as f:
-        f.write(text)
+        from advisor.trial import GLOO_EXIT_PAUSE_S
+
+        module, _, name = target.partition(":")
+        fn = getattr(importlib.import_module(module), name)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=int(rank), world_size=int(world))
+        text = fn(int(rank), int(world))
+        dist.barrier()
+        dist.destroy_process_group()
+        time.sleep(GLOO_EXIT_PAUSE_S)  # gloo's workers finish freeing before the interpreter goes
+        with open(f"{path}.{rank}", "w") as f:
+            f.write(text)
+        code = 0
+    except BaseException:  # noqa: BLE001 - told to the caller through the log and the exit code
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
-def run_ranks(fn: Callable[[int, int], str], world: int) -> list[str]:
-    """`fn(rank, world)` (a module-level function) on `world` gloo ranks in a process group of their own; what each
-    rank returned, in rank order."""
-    import torch.multiprocessing as mp
-
-    from advisor.parallel.measure import free_port
+def run_ranks(fn: Callable[[int, int], str], world: int, timeout_s: float = 300.0) -> list[str]:
+    """`fn(rank, world)` (a module-level function of an importable module) on `world` gloo ranks in a process group
+    of their own; what each rank returned, in rank order. AssertionError naming the first rank that failed."""
+    from advisor.isolation.pool import fork_server
+    from advisor.parallel.measure import free_port, kill_forked, wait_forked
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "out")
-        mp.spawn(_rank, args=(world, free_port(), path, fn), nprocs=world)
+        path, port = os.path.join(tmp, "out"), str(free_port())
+        logs = [os.path.join(tmp, f"{rank}.log") for rank in range(world)]
+        server, procs = fork_server(), []
+        try:
+            for rank in range(world):
+                procs.append(server.spawn("tests.advisor.gloo_ranks:entry",
+                                          [f"{fn.__module__}:{fn.__name__}", str(rank), str(world), port, path,
+                                           logs[rank]], dict(os.environ)))
+            errors = wait_forked(procs, logs, timeout_s)
+        finally:
+            kill_forked(procs)
+        assert not errors, errors[0]
         return [open(f"{path}.{r}").read() for r in range(world)]

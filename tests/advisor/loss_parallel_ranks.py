@@ -4,12 +4,9 @@ whole from the same seed, and compare it with that decoder's own step on the sam
 one line: the layout's name, the vocabulary width of its logits (-1 where it does not check them: pipeline and
 context parallel), |loss - whole loss| (-1 where its loss is not the batch's: pipeline, context parallel and
 accumulation) and the largest difference of the gradients its optimizer step applies from the whole decoder's,
-relative to the largest of them. Run by tests/advisor/test_layouts.py as
-`python -m tests.advisor.loss_parallel_ranks <world>`."""
+relative to the largest of them. Run by tests/advisor/test_layouts.py (`compare` on 2 or 4 ranks)."""
 
 from __future__ import annotations
-
-import sys
 
 import torch
 
@@ -125,8 +122,3 @@ def _gradients_at_step(program) -> dict[str, torch.Tensor]:
 def compare(rank: int, world: int) -> str:
     return "\n".join(f"{name} {_case(rank, *case)}" for name, case in _cases(world).items())
 
-
-if __name__ == "__main__":
-    from tests.advisor.gloo_ranks import run_ranks
-
-    print("\n".join(run_ranks(compare, int(sys.argv[1]))))

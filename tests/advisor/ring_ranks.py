@@ -25,8 +25,3 @@ def errors(rank: int, world: int) -> str:
     pairs = [(ring, whole.detach())] + [(m.grad, x.grad) for m, x in zip(mine, (q, k, v))]
     return " ".join(str((a - shard.shard(b, 2)).abs().max().item()) for a, b in pairs)
 
-
-if __name__ == "__main__":
-    from tests.advisor.gloo_ranks import run_ranks
-
-    print(" ".join(run_ranks(errors, 2)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from advisor.parallel import Layout, PipelineSchedule, layout_problems
 from advisor.parallel.layout import layout_over
 from advisor.parallel.measure import RankMeasureRequest, measure_ranks
 from advisor.workload import load_workload
+from tests.advisor.gloo_ranks import run_ranks
 
 # small enough for four gloo ranks on two cores; GQA (4 heads, 2 KV) and SwiGLU, as Llama
 SHAPE = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 256, "seq_len": 32}
@@ -60,10 +60,9 @@ def test_each_rank_estimate_is_what_its_real_program_allocates(layout: Layout) -
 
 
 def test_ring_attention_over_gloo_ranks_is_causal_attention_of_the_whole_sequence() -> None:
-    proc = subprocess.run([sys.executable, "-m", "tests.advisor.ring_ranks"], capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    errors = [float(x) for x in proc.stdout.split()]
+    from tests.advisor import ring_ranks
+
+    errors = [float(x) for r in run_ranks(ring_ranks.errors, 2, timeout_s=120) for x in r.split()]
     assert len(errors) == 2 * 4 and max(errors) < 1e-5, errors  # out, dq, dk, dv on each of 2 ranks, fp32
 
 
@@ -72,11 +71,11 @@ def test_tensor_parallel_keeps_the_logits_sharded_and_its_loss_is_the_whole_deco
     """On gloo ranks each tp rank's logits hold vocab / 2 of the vocabulary, and loss_parallel's loss and the gradients
     the step applies are the decoder's built whole from the same weights and batch: with and without sequence
     parallel, a tied output, checkpointing and accumulation (2 ranks); under pp, cp and FSDP2 (4 ranks)."""
-    proc = subprocess.run([sys.executable, "-m", "tests.advisor.loss_parallel_ranks", str(world)], capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [line.split() for line in proc.stdout.splitlines()]
-    assert len(rows) == world * (5 if world == 2 else 3), proc.stdout
+    from tests.advisor import loss_parallel_ranks
+
+    lines = [line for r in run_ranks(loss_parallel_ranks.compare, world) for line in r.splitlines()]
+    rows = [line.split() for line in lines]
+    assert len(rows) == world * (5 if world == 2 else 3), lines
     for name, width, error, drift in rows:
         assert int(width) in (-1, SHAPE["vocab"] // 2) and float(error) < 1e-5 and float(drift) < 1e-5, name
     assert sum(int(width) > 0 for _, width, _, _ in rows) >= world  # sharded logits seen on every rank
@@ -224,10 +223,10 @@ def test_an_accumulated_step_of_several_batches_is_one_step_of_all_on_gloo_ranks
     """dp 2 zero3 x pp 2: the pipeline's own reduce-scatter and scaling held back on the first batch, the loss
     scaled by 1/2, the update equals that of one step over both batches' micro-batches. dp 4: two steps of three
     batches each update zero2's parameters, kept gathered from batch to batch, as zero3's."""
-    proc = subprocess.run([sys.executable, "-m", "tests.advisor.accumulate_ranks"], capture_output=True, text=True,
-                          timeout=180, cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    errors, updates = (list(map(float, proc.stdout.split()[i::2])) for i in (0, 1))
+    from tests.advisor import accumulate_ranks
+
+    out = " ".join(run_ranks(accumulate_ranks.updates, 4, timeout_s=180)).split()
+    errors, updates = (list(map(float, out[i::2])) for i in (0, 1))
     assert len(errors) == 8 and max(errors) < 1e-5, errors
     assert min(updates) > 0  # every stage learns: each later stage sends its input's gradient back
 
