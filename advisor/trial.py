@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 # collective under the GIL, and one still waiting for it at interpreter shutdown is ended mid-free (SIGABRT at
 # exit, torch 2.13). Trial ranks and exported scripts both pause so; a process leaving through os._exit need not.
 GLOO_EXIT_PAUSE_S = 0.2
+RANK_FAILURE_GRACE_S = 5.0  # after one rank fails, the others get this long before their groups are killed (s)
 
 
 class CompileMode(str, Enum):

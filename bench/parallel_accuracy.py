@@ -126,8 +126,9 @@ def run_case(label: str, workload: str, args: dict[str, Any], layout_name: str, 
 
 
 def measure_threads(req: Any, shim: str, timeout_s: float = 600.0) -> list[tuple[Any, int]]:
-    """Every rank of `req` on real gloo ranks, as advisor.parallel.measure.measure_ranks runs them, under `shim`:
-    per rank (its RankMeasure, with the profiler's figure; the live tensor bytes of all its threads, replayed)."""
+    """Every rank of `req` on real gloo ranks running measure_ranks's program (`rank_main`), each a fresh process so
+    that `shim` is preloaded: per rank (its RankMeasure, with the profiler's figure; the live tensor bytes of all
+    its threads, replayed)."""
     from advisor.measure import PROFILED_MMAP_THRESHOLD
     from advisor.parallel.measure import RankMeasure, free_port
     from advisor.procmem import malloc_env

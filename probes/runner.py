@@ -23,8 +23,10 @@ from advisor import isolation
 from advisor.errors import AdvisorError, SpecError, WorkloadFailed, invalid_input
 from advisor.hardware import get_hardware
 from advisor.hardware.spec import HardwareSpec
+from advisor.isolation.forkserver import kill_groups, reap
 from advisor.procmem import group_pss
 from advisor.trial import (
+    RANK_FAILURE_GRACE_S,
     CompileMode,
     RankFigures,
     TrainingConfig,
@@ -41,7 +43,6 @@ from probes.summary import summarize
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often the parent looks at its ranks (s)
 MEMORY_POLL_S = 0.2  # how often it sums their memory against the cap (s)
-RANK_FAILURE_GRACE_S = 5.0  # after one rank fails, the others get this long before the group is killed (s)
 
 
 def _free_port() -> int:
@@ -67,15 +68,6 @@ def _launch(request_path: Path, config: TrainingConfig, workdir: Path) -> list[A
     return procs
 
 
-def _kill_groups(procs: list[Any]) -> None:
-    """SIGKILL every rank's process group: the rank and its DataLoader workers."""
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # gone already (PermissionError: the pid was reused by a process not ours)
-
-
 def _watch(procs: list[Any], budget: TrialBudget, started: float) -> tuple[str, int]:
     """Wait for the ranks; returns ('done' | 'timeout' | 'oom', peak group memory seen in bytes)."""
     peak = 0
@@ -89,24 +81,17 @@ def _watch(procs: list[Any], budget: TrialBudget, started: float) -> tuple[str, 
         if any(c not in (None, 0) for c in codes):
             failed_at = failed_at or now
             if now - failed_at > RANK_FAILURE_GRACE_S:  # the others wait in a collective forever
-                _kill_groups(procs)
+                kill_groups(procs)
         if now - started > budget.timeout_s:
-            _kill_groups(procs)
+            kill_groups(procs)
             return "timeout", peak
         if budget.memory_cap_bytes and now >= next_mem:
             next_mem = now + MEMORY_POLL_S
             peak = max(peak, sum(group_pss(p.pid) for p in procs))
             if peak > budget.memory_cap_bytes:
-                _kill_groups(procs)
+                kill_groups(procs)
                 return "oom", peak
         time.sleep(POLL_S)
-
-
-def _reap(procs: list[Any]) -> None:
-    """Kill what is left of the groups (orphaned DataLoader workers) and collect every rank."""
-    _kill_groups(procs)
-    for p in procs:
-        p.join(timeout=10)
 
 
 def _read_reports(workdir: Path, nproc: int) -> list[ChildReport | None]:
@@ -310,7 +295,7 @@ def run_trial(workload: str, config: TrainingConfig | dict, *, hardware: Hardwar
         try:
             outcome, peak_mem = _watch(procs, budget, t0)
         finally:
-            _reap(procs)
+            reap(procs)
         reports = _read_reports(workdir, config.nproc)
         failure = _failure_status(outcome, procs, reports, workdir, budget, peak_mem)
         for p in procs:

@@ -173,22 +173,6 @@ def _reduce_gpu(hw: HardwareSpec, probe_gpu: bool) -> ReduceGpu | None:
     return ReduceGpu.on_device() if _local_cuda(hw) else ReduceGpu.of(hw.accelerator)
 
 
-def _trace_kwargs(req: EstimateRequest, cpu: bool, device_type: str, cuda: bool,
-                  reduce_gpu: ReduceGpu | None) -> dict[str, Any]:
-    """trace_training's arguments for the request's step, but the batch."""
-    return dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
-                fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu,
-                cuda_workspaces=cuda, device=device_type, reduce_gpu=reduce_gpu)
-
-
-def _trace_key(kw: dict[str, Any], cuda: bool, preset: tuple[str, str] | None) -> tuple | None:
-    """What keys a kept trace of this step, but the batch; None where its traces are not kept."""
-    import torch
-
-    # kernels sized on this GPU may size otherwise as its free memory changes; the CPU's scratch by thread count
-    return None if preset is None or cuda else (preset, repr(sorted(kw.items())), torch.get_num_threads())
-
-
 def _kept(key: tuple | None) -> dict[int, Trace]:
     """Batch size -> this step's trace, of the traces kept in this process."""
     if key is None:
@@ -206,7 +190,8 @@ def _line_model(b: int, kept: dict[int, Trace], cpu_uncalibrated: bool,
     kept = {x: t for x, t in kept.items() if x > 1}  # batch 1 may take other kernels' paths (`_batch_model`)
     if b == 1 or b in kept or len(kept) < 2:
         return None
-    below, above = [x for x in sorted(kept) if x < b], [x for x in sorted(kept) if x > b]
+    order = sorted(kept)
+    below, above = [x for x in order if x < b], [x for x in order if x > b]
     a, c = (below[-1], above[0]) if below and above else sorted(sorted(kept, key=lambda x: abs(x - b))[:2])
     if any(exact_largest_reason(kept[x], cpu_uncalibrated) for x in (a, c)):
         return None
@@ -216,12 +201,18 @@ def _line_model(b: int, kept: dict[int, Trace], cpu_uncalibrated: bool,
 
 def _tracer(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "cpu",
             cuda: bool = False, reduce_gpu: ReduceGpu | None = None, *,
-            preset: tuple[str, str] | None = None) -> Callable[..., Trace]:
-    """trace(b, flops=True): the request's training step traced at batch b. `preset` ((name, its arguments as
-    JSON) where the workload is a preset, whose code cannot change under this process): traces are kept
-    (TRACES_KEPT) and given again to any estimate that asks for the same step at the same batch."""
-    kw = _trace_kwargs(req, cpu, device_type, cuda, reduce_gpu)
-    key = _trace_key(kw, cuda, preset)
+            preset: tuple[str, str] | None = None) -> tuple[Callable[..., Trace], Callable[[], dict[int, Trace]]]:
+    """(trace(b, flops=True): the request's training step traced at batch b, kept(): batch size -> this step's
+    traces kept in this process). `preset` ((name, its arguments as JSON) where the workload is a preset, whose
+    code cannot change under this process): traces are kept (TRACES_KEPT) and given again to any estimate that
+    asks for the same step at the same batch; other steps' are not kept."""
+    import torch
+
+    kw = dict(precision=req.precision, optimizer=req.optimizer, checkpointing=req.checkpointing,
+              fused_backward=req.fused_backward, optimizer_impl=_trace_impl(req, device_type), cpu_workspaces=cpu,
+              cuda_workspaces=cuda, device=device_type, reduce_gpu=reduce_gpu)
+    # kernels sized on this GPU may size otherwise as its free memory changes; the CPU's scratch by thread count
+    key = None if preset is None or cuda else (preset, repr(sorted(kw.items())), torch.get_num_threads())
 
     def retrace(b: int, flops: bool = True) -> Trace:
         if key is None:
@@ -242,7 +233,7 @@ def _tracer(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str = "c
                     _TRACES.popitem(last=False)
         return trace if flops else dataclasses.replace(trace, flops_per_step=0)
 
-    return retrace
+    return retrace, lambda: _kept(key)
 
 
 def _preset(case: Case) -> tuple[str, str] | None:
@@ -259,12 +250,11 @@ def _batch_model(wl: Workload, req: EstimateRequest, cpu: bool, device_type: str
     batch is solved on), or, without `largest`, at its batch alone (any other batch is traced on its own); with
     `line` too, the line through two kept traces of the step at other batches where there is one (`_line_model`:
     `cpu`, this CPU is the target and is not calibrated)."""
-    retrace = _tracer(wl, req, cpu, device_type, cuda, reduce_gpu, preset=preset)
+    retrace, kept = _tracer(wl, req, cpu, device_type, cuda, reduce_gpu, preset=preset)
 
     a = req.batch_size
     if not largest and line:
-        kept = _kept(_trace_key(_trace_kwargs(req, cpu, device_type, cuda, reduce_gpu), cuda, preset))
-        bm = _line_model(a, kept, cpu, lambda b: retrace(b, False))
+        bm = _line_model(a, kept(), cpu, lambda b: retrace(b, False))
         if bm is not None:
             return bm
     if not largest:
@@ -366,7 +356,7 @@ def _largest(case: Case, fit: Fitted, usable: int, probe_gpu: bool, notes: list[
                      "not asked for")
         exact = None
     trace_at = _tracer(case.wl, case.req, _local_cpu(hw), hw.device_type, probe_gpu,
-                       preset=_preset(case)) if exact else None
+                       preset=_preset(case))[0] if exact else None
     kept = case.options.calibrate == "kept"  # a caller that allows no real runs
     if kept and fit.calibrated:
         notes.append("largest batch from the kept calibration's fit, not checked with real runs near it (none are "

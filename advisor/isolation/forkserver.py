@@ -228,6 +228,23 @@ class ForkedProcess:
             self.server.exits.pop(self.pid, None)
 
 
+def kill_groups(procs: list[ForkedProcess]) -> None:
+    """SIGKILL the process group of each forked process (each leads its own: `own_group`): it and what it started,
+    such as DataLoader workers."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # gone already (PermissionError: the pid was reused by a process not ours)
+
+
+def reap(procs: list[ForkedProcess]) -> None:
+    """Kill what is left of their groups (`kill_groups`) and collect each forked process."""
+    kill_groups(procs)
+    for p in procs:
+        p.join(timeout=10)
+
+
 class ForkServer:
     """Starts `python -m advisor.isolation.forkserver --listen-fd FD PRELOAD...` and forks through it (other
     processes attach at `address`), or, made by `attach`, forks through another process's server; thread-safe."""

@@ -15,15 +15,13 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.config import Checkpointing, OptimizerKind, Precision
 from advisor.errors import TrialError
 from advisor.parallel.layout import Layout
-
-RANK_FAILURE_GRACE_S = 5.0  # after one rank fails, the others get this long before they are killed (s)
 
 
 class RankMeasureRequest(BaseModel):
@@ -62,6 +60,7 @@ class RankMeasure(BaseModel):
 def measure_ranks(req: RankMeasureRequest, timeout_s: float = 600.0) -> list[RankMeasure]:
     """Run `req` on `req.layout.world` local processes, each forked from this process's warm fork server (torch
     imported once: advisor/isolation/forkserver.py) and running `entry`; their measurements in rank order."""
+    from advisor.isolation.forkserver import reap
     from advisor.isolation.pool import fork_server
 
     world = req.layout.world
@@ -76,7 +75,7 @@ def measure_ranks(req: RankMeasureRequest, timeout_s: float = 600.0) -> list[Ran
                                           dict(env, RANK=str(rank), LOCAL_RANK=str(rank))))
             errors = wait_forked(procs, logs, timeout_s)
         finally:
-            kill_forked(procs)
+            reap(procs)
         if errors:
             raise TrialError(f"parallel measurement of {req.workload} ({req.layout.label()}) failed: {errors[0]}")
         return [RankMeasure.model_validate_json(open(os.path.join(out, f"{r}")).read()) for r in range(world)]
@@ -94,7 +93,9 @@ def free_port() -> int:
 def wait_forked(procs: list[Any], logs: list[str], timeout_s: float) -> list[str]:
     """Wait for every rank forked from the fork server (ForkedProcess, each writing its output to its `logs`
     file), for at most `timeout_s`, or until a rank has failed and the others had RANK_FAILURE_GRACE_S to follow
-    (then `kill_forked` them). One line per rank that failed: its log's last."""
+    (then `reap` them: advisor/isolation/forkserver.py). One line per rank that failed: its log's last."""
+    from advisor.trial import RANK_FAILURE_GRACE_S
+
     deadline = time.monotonic() + timeout_s
     failed_at = None
     while True:
@@ -118,18 +119,6 @@ def wait_forked(procs: list[Any], logs: list[str], timeout_s: float) -> list[str
                 if os.path.exists(log) else []
             errors.append(f"rank {rank} exit {proc.exitcode}: {lines[-1] if lines else '(no output)'}")
     return errors
-
-
-def kill_forked(procs: list[Any]) -> None:
-    """SIGKILL each forked rank's process group (a rank leads its own: own_group) and collect the ranks."""
-    import signal
-
-    for p in procs:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid, signal.SIGKILL)
-    for p in procs:
-        p.join(timeout=10)
-        p.close()
 
 
 def run_rank(req: RankMeasureRequest) -> RankMeasure:
@@ -204,30 +193,42 @@ def _traced(req: RankMeasureRequest, workload: Any, rank: int, t0: float) -> Ran
                        seconds=time.perf_counter() - t0)
 
 
-def entry(request_json: str, out_path: str, log_path: str) -> None:
-    """A rank forked from the fork server (`measure_ranks`): its own session and process group, its output to
-    `log_path`, glibc's thresholds of advisor/measure.py's `alloc` mode (PROFILED_MMAP_THRESHOLD: the server read
-    none), then `run_rank`, its measurement written to `out_path`. Exits 0, or 1 with the traceback in the log."""
+def forked_rank(log_path: str, body: Callable[[], None]) -> None:
+    """Run `body` as a rank forked from the fork server: its own session and process group, its output to
+    `log_path`, then the pause gloo's workers need (GLOO_EXIT_PAUSE_S). Exits 0, or 1 with the traceback in the
+    log."""
     import traceback
 
     from advisor.isolation.forkserver import own_group
-    from advisor.measure import PROFILED_MMAP_THRESHOLD
-    from advisor.procmem import set_malloc_thresholds
+    from advisor.trial import GLOO_EXIT_PAUSE_S
 
     own_group(log_path, os.O_TRUNC)
     code = 1
     try:
-        set_malloc_thresholds(PROFILED_MMAP_THRESHOLD)
-        result = run_rank(RankMeasureRequest.model_validate_json(request_json))
-        with open(out_path, "w") as f:
-            f.write(result.model_dump_json())
+        body()
         code = 0
     except BaseException:  # noqa: BLE001 - told to the caller through the log and the exit code
         traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
-    time.sleep(0.2)  # trial.GLOO_EXIT_PAUSE_S: gloo's workers finish freeing before the interpreter goes
+    time.sleep(GLOO_EXIT_PAUSE_S)  # gloo's workers finish freeing before the interpreter goes
     os._exit(code)
+
+
+def entry(request_json: str, out_path: str, log_path: str) -> None:
+    """A rank of `measure_ranks` (`forked_rank`): glibc's thresholds of advisor/measure.py's `alloc` mode
+    (PROFILED_MMAP_THRESHOLD: the server read none), then `run_rank`, its measurement written to `out_path`."""
+
+    def body() -> None:
+        from advisor.measure import PROFILED_MMAP_THRESHOLD
+        from advisor.procmem import set_malloc_thresholds
+
+        set_malloc_thresholds(PROFILED_MMAP_THRESHOLD)
+        result = run_rank(RankMeasureRequest.model_validate_json(request_json))
+        with open(out_path, "w") as f:
+            f.write(result.model_dump_json())
+
+    forked_rank(log_path, body)
 
 
 def _main() -> int:

@@ -6,24 +6,17 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import tempfile
-import time
-import traceback
 from typing import Callable
 
 
 def entry(target: str, rank: str, world: str, port: str, path: str, log_path: str) -> None:
-    """A forked rank: its own process group and log, then `target` ("module:function") on the gloo group; what it
-    returns is written to `path`.RANK. Exits 0, or 1 with the traceback in its log."""
-    from advisor.isolation.forkserver import own_group
+    """A forked rank (advisor.parallel.measure.forked_rank): `target` ("module:function") on the gloo group; what
+    it returns is written to `path`.RANK."""
+    from advisor.parallel.measure import forked_rank
 
-    own_group(log_path, os.O_TRUNC)
-    code = 1
-    try:
+    def body() -> None:
         import torch.distributed as dist
-
-        from advisor.trial import GLOO_EXIT_PAUSE_S
 
         module, _, name = target.partition(":")
         fn = getattr(importlib.import_module(module), name)
@@ -32,22 +25,18 @@ def entry(target: str, rank: str, world: str, port: str, path: str, log_path: st
         text = fn(int(rank), int(world))
         dist.barrier()
         dist.destroy_process_group()
-        time.sleep(GLOO_EXIT_PAUSE_S)  # gloo's workers finish freeing before the interpreter goes
         with open(f"{path}.{rank}", "w") as f:
             f.write(text)
-        code = 0
-    except BaseException:  # noqa: BLE001 - told to the caller through the log and the exit code
-        traceback.print_exc()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+
+    forked_rank(log_path, body)
 
 
 def run_ranks(fn: Callable[[int, int], str], world: int, timeout_s: float = 300.0) -> list[str]:
     """`fn(rank, world)` (a module-level function of an importable module) on `world` gloo ranks in a process group
     of their own; what each rank returned, in rank order. AssertionError naming the first rank that failed."""
+    from advisor.isolation.forkserver import reap
     from advisor.isolation.pool import fork_server
-    from advisor.parallel.measure import free_port, kill_forked, wait_forked
+    from advisor.parallel.measure import free_port, wait_forked
 
     with tempfile.TemporaryDirectory() as tmp:
         path, port = os.path.join(tmp, "out"), str(free_port())
@@ -60,6 +49,6 @@ def run_ranks(fn: Callable[[int, int], str], world: int, timeout_s: float = 300.
                                            logs[rank]], dict(os.environ)))
             errors = wait_forked(procs, logs, timeout_s)
         finally:
-            kill_forked(procs)
+            reap(procs)
         assert not errors, errors[0]
         return [open(f"{path}.{r}").read() for r in range(world)]
